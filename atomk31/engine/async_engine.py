@@ -1,0 +1,167 @@
+"""AsyncEngine: the LLMEngine behind an asyncio interface, for the server.
+
+The engine runs in one background thread that owns it completely: requests to add or abort
+arrive through a command queue and are applied between steps, so no engine state is touched
+from two threads. Each request's outputs are handed to its asyncio queue with
+`call_soon_threadsafe`. Leaving a `generate` stream early (a client that disconnects, a
+cancelled task) aborts the request, which frees its blocks and state slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from atomk31.config import EngineConfig
+from atomk31.engine.llm_engine import LLMEngine
+from atomk31.engine.outputs import RequestOutput
+from atomk31.engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineBusyError(RuntimeError):
+    """The waiting queue is full; the server answers 503."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped after an error; no request can be served."""
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    state_usage: float
+    prefix_hit_rate: float
+    num_free_blocks: int
+    num_blocks: int
+    num_free_state_slots: int
+
+
+class AsyncEngine:
+    def __init__(self, options: EngineConfig | None = None, engine: LLMEngine | None = None):
+        self.engine = engine if engine is not None else LLMEngine(options)
+        self.max_num_waiting = self.engine.config.options.max_num_waiting
+        self._commands: queue.Queue = queue.Queue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._ids = itertools.count()
+        self._error: BaseException | None = None
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="atomk31-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    # -- the asyncio side ---------------------------------------------------------------
+    async def generate(self, prompt: str | list[int], params: SamplingParams,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs (cumulative), the last one with `finished=True`.
+
+        Raises the engine's ValueError (e.g. a prompt over the context length) before the
+        first output, and EngineBusyError when the waiting queue is full."""
+        if self._error is not None:
+            raise EngineDeadError(f"the engine stopped after an error: {self._error!r}")
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue = asyncio.Queue()
+        added = loop.create_future()
+        self._streams[request_id] = (loop, outputs)
+        self._commands.put(("add", request_id, prompt, params, loop, added))
+        finished = False
+        try:
+            await added
+            while True:
+                out = await outputs.get()
+                if isinstance(out, BaseException):
+                    raise out
+                yield out
+                if out.finished:
+                    finished = True
+                    return
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
+
+    def stats(self) -> EngineStats:
+        e = self.engine
+        sched = e.scheduler
+        return EngineStats(
+            num_running=len(sched.running), num_waiting=len(sched.waiting),
+            kv_usage=e.block_pool.usage(), state_usage=e.state_pool.usage(),
+            prefix_hit_rate=e.block_pool.hit_rate(), num_free_blocks=e.block_pool.num_free_blocks,
+            num_blocks=e.block_pool.num_blocks, num_free_state_slots=e.state_pool.num_free_slots)
+
+    def shutdown(self) -> None:
+        self._stopped.set()
+        self._commands.put(("stop",))
+        self._thread.join(timeout=30)
+
+    # -- the engine thread --------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while not self._stopped.is_set():
+                self._apply_commands(block=not self.engine.has_unfinished_requests())
+                if self.engine.has_unfinished_requests():
+                    for out in self.engine.step():
+                        self._publish(out.request_id, out)
+        except BaseException as exc:  # the thread must not die silently
+            logger.exception("engine loop failed")
+            self._error = exc
+            for request_id in list(self._streams):
+                self._publish(request_id, EngineDeadError(f"the engine stopped: {exc!r}"))
+
+    def _apply_commands(self, block: bool) -> None:
+        try:
+            command = self._commands.get(block=block, timeout=0.5 if block else None)
+        except queue.Empty:
+            return
+        while True:
+            self._apply(command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, command: tuple) -> None:
+        kind = command[0]
+        if kind == "abort":
+            self.engine.abort_request(command[1])
+        elif kind == "add":
+            _, request_id, prompt, params, loop, added = command
+            try:
+                if len(self.engine.scheduler.waiting) >= self.max_num_waiting:
+                    raise EngineBusyError(f"the waiting queue is full ({self.max_num_waiting} "
+                                          "requests); retry later")
+                self.engine.add_request(prompt, params, request_id)
+            except Exception as exc:  # reported to the caller, the engine goes on
+                loop.call_soon_threadsafe(_settle, added, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, added, None)
+
+    def _publish(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            loop, outputs = stream
+            loop.call_soon_threadsafe(outputs.put_nowait, item)
+
+
+def _settle(future: asyncio.Future, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is None:
+        future.set_result(None)
+    else:
+        future.set_exception(exc)

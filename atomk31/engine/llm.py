@@ -1,0 +1,64 @@
+"""The offline API, shaped like vLLM's: `LLM(model=...).generate(prompts, SamplingParams(...))`."""
+
+from __future__ import annotations
+
+import os
+
+from tqdm.auto import tqdm
+
+from atomk31.config import EngineConfig
+from atomk31.engine.llm_engine import LLMEngine
+from atomk31.engine.outputs import RequestOutput
+from atomk31.engine.sampling_params import SamplingParams
+
+
+class LLM:
+    """An engine for offline batches.
+
+    Arguments are EngineConfig's (see its docstring): `model` is a checkpoint directory;
+    `dtype="auto"` means float32 compute and cache on CPU, BF16 compute and an FP8 cache on GPU.
+    """
+
+    def __init__(self, model: str | os.PathLike, *, block_size: int = 128,
+                 kernel_backend: str = "auto", dtype: str = "auto",
+                 max_model_len: int | None = None, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int = 4096, enable_prefix_caching: bool = True,
+                 kv_cache_dtype: str = "auto", index_cache_dtype: str = "fp8",
+                 device: str | None = None, gpu_memory_utilization: float = 0.9,
+                 kv_cache_memory: int | None = None, snapshot_fraction: float = 0.1,
+                 seed: int = 0):
+        options = EngineConfig(
+            model=str(model), block_size=block_size, kernel_backend=kernel_backend, dtype=dtype,
+            max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_prefix_caching=enable_prefix_caching, kv_cache_dtype=kv_cache_dtype,
+            index_cache_dtype=index_cache_dtype, device=device,
+            gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory=kv_cache_memory,
+            snapshot_fraction=snapshot_fraction, seed=seed)
+        self.engine = LLMEngine(options)
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: list[str] | list[list[int]] | str,
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in the order of the prompts."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = sampling_params or SamplingParams()
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params; "
+                             "pass one SamplingParams or one per prompt")
+        ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+        results: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), disable=not use_tqdm, desc="generate") as bar:
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.finished:
+                        results[out.request_id] = out
+                        bar.update(1)
+        return [results[i] for i in ids]

@@ -1,0 +1,192 @@
+"""LLMEngine: the loop that admits requests, runs steps and returns outputs.
+
+Build order at start-up: config -> device choices -> checkpoint -> ops table -> model ->
+memory plan -> cache pools -> scheduler and runner. Every later step is
+`schedule -> run -> append tokens and check stops -> release finished sequences`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from atomk31.cache import (
+    BlockPool, CacheLayoutSpec, KDAStatePool, KDAStateSpec, PackedLayout, SnapshotIndex,
+    plan_cache,
+)
+from atomk31.checkpoint import Tokenizer, load_checkpoint
+from atomk31.config import EngineConfig, ModelConfig, ResolvedEngineConfig
+from atomk31.engine.model_runner import ModelRunner
+from atomk31.engine.outputs import RequestMetrics, RequestOutput
+from atomk31.engine.sampling_params import SamplingParams
+from atomk31.engine.scheduler import Scheduler
+from atomk31.engine.sequence import Sequence, SequenceStatus
+from atomk31.engine.stop_checker import StopChecker
+from atomk31.model import K31Model
+from atomk31.ops import select_ops
+
+logger = logging.getLogger(__name__)
+
+CPU_CACHE_BYTES = 512 << 20   # cache budget on CPU when --kv-cache-memory is not given
+
+
+class PromptTooLongError(ValueError):
+    """A prompt (plus the tokens it asks for) does not fit the context length."""
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: str | None
+    seqs: list[Sequence]
+
+
+class LLMEngine:
+    def __init__(self, options: EngineConfig):
+        device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model_config = ModelConfig.from_pretrained(options.model)
+        self.config: ResolvedEngineConfig = options.resolve(self.model_config, device)
+        self.device = device
+        self.tokenizer = Tokenizer.from_pretrained(options.model)
+        self.ops = select_ops(options.kernel_backend, device)
+        for op, backend, note in self.ops.describe():
+            logger.debug("op %-20s -> %s %s", op, backend, note)
+        tensors = load_checkpoint(options.model, self.model_config)
+        self.model = K31Model(self.model_config, tensors, self.ops, self.config.compute_dtype,
+                              device, self.config.index_cache_format, self.config.fp8_variant)
+        self.stop_checker = StopChecker(self.tokenizer, self._eos_token_ids(options.model))
+        self._build_cache(options)
+        self.requests: dict[str, _Request] = {}
+        self._ids = itertools.count()
+
+    # -- start-up -----------------------------------------------------------------------
+    def _build_cache(self, options: EngineConfig) -> None:
+        mc, rc = self.model_config, self.config
+        layout = PackedLayout(CacheLayoutSpec(
+            block_size=options.block_size, num_mla_layers=len(mc.mla_layer_ids),
+            latent_dim=mc.latent_dim, latent_dtype=rc.latent_cache_dtype,
+            index_format=rc.index_cache_format if mc.has_indexer else None,
+            fp8_variant=rc.fp8_variant))
+        state_spec = KDAStateSpec(
+            num_kda_layers=len(mc.kda_layer_ids), num_heads=mc.kda_num_heads,
+            head_dim=mc.kda_head_dim, conv_width=mc.short_conv_kernel_size,
+            conv_channels=mc.kda_num_heads * mc.kda_head_dim,
+            # the conv history is BF16 in the engine (§4.4); float32 compute keeps it exact
+            conv_dtype=rc.compute_dtype)
+        plan = plan_cache(self._cache_budget(options), layout, state_spec, options.max_num_seqs,
+                          rc.max_model_len, options.snapshot_fraction)
+        logger.info("cache: %d blocks of %d tokens, %d state slots, %d snapshot slots",
+                    plan.num_blocks, options.block_size, plan.num_state_slots,
+                    plan.num_snapshot_slots)
+        self.kv_pool = layout.allocate(plan.num_blocks, self.device)
+        kv_views = [layout.layer_view(self.kv_pool, i) for i in range(len(mc.mla_layer_ids))]
+        self.state_pool = KDAStatePool(state_spec, plan.num_state_slots + plan.num_snapshot_slots,
+                                       self.device)
+        self.block_pool = BlockPool(plan.num_blocks, options.block_size,
+                                    options.enable_prefix_caching)
+        self.snapshots = SnapshotIndex(self.state_pool, plan.num_snapshot_slots
+                                       if options.enable_prefix_caching else 0)
+        self.scheduler = Scheduler(self.block_pool, self.state_pool, self.snapshots,
+                                   options.max_num_seqs, options.max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, kv_views, self.state_pool, options.block_size,
+                                  self.device, self.stop_checker.suppressed_token_ids)
+
+    def _cache_budget(self, options: EngineConfig) -> int:
+        if options.kv_cache_memory is not None:
+            return options.kv_cache_memory
+        if self.device.type == "cpu":
+            return CPU_CACHE_BYTES
+        free, _ = torch.cuda.mem_get_info(self.device)
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        return int(free - (1 - options.gpu_memory_utilization) * total)
+
+    def _eos_token_ids(self, model_dir: str) -> set[int]:
+        """The tokenizer's `[EOS]` plus generation_config.json's eos ids (`<|end_of_msg|>`,
+        which ends every message, CHAT_FORMAT.md §1)."""
+        eos = {self.tokenizer.eos_token_id} - {None}
+        file = Path(model_dir) / "generation_config.json"
+        if file.is_file():
+            ids = json.loads(file.read_text()).get("eos_token_id")
+            eos.update(ids if isinstance(ids, list) else [ids] if ids is not None else [])
+        return eos
+
+    # -- requests -----------------------------------------------------------------------
+    def add_request(self, prompt: str | list[int], params: SamplingParams,
+                    request_id: str | None = None) -> str:
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text = prompt if isinstance(prompt, str) else None
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self._check_prompt(ids, params)
+        seqs = [Sequence(request_id, ids, params, index=i) for i in range(params.n)]
+        self.requests[request_id] = _Request(request_id, text, seqs)
+        for seq in seqs:
+            self.scheduler.add(seq)
+        return request_id
+
+    def _check_prompt(self, ids: list[int], params: SamplingParams) -> None:
+        limit = self.config.max_model_len
+        if not ids:
+            raise ValueError("the prompt is empty; give at least one token")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids must be in [0, {vocab}), got {bad[:5]}")
+        wanted = len(ids) + (params.max_tokens or 1)
+        if wanted > limit:
+            raise PromptTooLongError(
+                f"the prompt has {len(ids)} tokens and asks for {params.max_tokens or 1} more "
+                f"({wanted} in all), over the context length of {limit} tokens; shorten the "
+                "prompt or lower max_tokens")
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request now and free its blocks and state slots."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return
+        for seq in request.seqs:
+            if not seq.is_finished:
+                seq.finish(SequenceStatus.FINISHED_ABORTED)
+                self.scheduler.finish(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the loop -----------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One engine step; -> the outputs of every request that got a new token."""
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            return []
+        sampled = self.runner.run(scheduled)
+        self.scheduler.complete(scheduled)
+        touched: dict[str, _Request] = {}
+        for item, token, logprobs in sampled:
+            seq = item.seq
+            seq.append_token(token, logprobs)
+            self.stop_checker.check(seq, self.config.max_model_len)
+            if seq.is_finished:
+                self.scheduler.finish(seq)
+            touched[seq.request_id] = self.requests[seq.request_id]
+        outputs = [self._output(request) for request in touched.values()]
+        for out in outputs:
+            if out.finished:
+                del self.requests[out.request_id]
+        return outputs
+
+    def _output(self, request: _Request) -> RequestOutput:
+        first = request.seqs[0]
+        return RequestOutput(
+            request_id=request.request_id, prompt=request.prompt,
+            prompt_token_ids=first.prompt_token_ids,
+            outputs=[seq.to_completion_output() for seq in request.seqs],
+            finished=all(seq.is_finished for seq in request.seqs),
+            num_cached_tokens=first.num_cached_tokens,
+            metrics=RequestMetrics(first.arrival_time, first.first_token_time,
+                                   first.finished_time))

@@ -1,0 +1,190 @@
+"""The scheduler: which sequences run in the next step, and with how many tokens.
+
+One step holds decodes and prefill chunks together under a token budget
+(`max_num_batched_tokens`) and a sequence cap (`max_num_seqs`). Running sequences go first,
+oldest first; then waiting ones are admitted while the budget, the KDA state slots and the
+blocks allow. A prompt longer than the budget is prefilled in chunks over several steps.
+
+Memory. Each running sequence holds one KDA state slot and the blocks covering its computed
+tokens. When blocks run out, the most recently admitted running sequence is preempted: its
+blocks and state slot are freed and it returns to the front of the waiting queue with its
+generated tokens kept; when it is admitted again it recomputes prompt + outputs (through the
+prefix cache where its blocks survived), so it resumes exactly where it stopped.
+
+Prefix caching. Full blocks are named by chained hashes. On admission a sequence reuses the
+longest cached prefix whose end also has a KDA state snapshot (KDA's state cannot be rebuilt
+from the latent cache), restores that snapshot into its slot and starts computing after it.
+Every block boundary a step crosses asks the model for a snapshot of the state there.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+from atomk31.cache import BlockPool, KDAStatePool, SnapshotIndex, hash_block, usable_prefix
+from atomk31.engine.sequence import Sequence, SequenceStatus
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ScheduledSequence:
+    seq: Sequence
+    num_new_tokens: int
+    # (m, snapshot slot, block hash): after its first m new tokens of this step the sequence
+    # crosses the end of the block named by `block hash`; its KDA state there goes to the slot
+    snapshots: list[tuple[int, int, int]] = field(default_factory=list)
+
+    @property
+    def is_last_chunk(self) -> bool:
+        """This step computes the sequence's last token: it then samples a new one."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+class Scheduler:
+    def __init__(self, block_pool: BlockPool, state_pool: KDAStatePool,
+                 snapshots: SnapshotIndex, max_num_seqs: int, max_num_batched_tokens: int):
+        self.block_pool = block_pool
+        self.state_pool = state_pool
+        self.snapshots = snapshots
+        self.block_size = block_pool.block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()
+        self._hashes: dict[Sequence, list[int]] = {}   # chained hashes of full blocks
+        self.num_preemptions = 0
+
+    # -- queues -------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence) -> None:
+        """Release everything a finished or aborted sequence holds."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self._release(seq)
+        self._hashes.pop(seq, None)
+
+    # -- one step -----------------------------------------------------------------------
+    def schedule(self) -> list[ScheduledSequence]:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledSequence] = []
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue   # preempted by an earlier sequence of this loop
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self._grow_or_preempt(seq, n):
+                continue
+            scheduled.append(self._plan(seq, n))
+            budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not self._admit(seq):
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self._grow(seq, n):
+                self._preempt(seq)   # nothing was computed: back to the waiting queue
+                break
+            scheduled.append(self._plan(seq, n))
+            budget -= n
+        return scheduled
+
+    def complete(self, scheduled: list[ScheduledSequence]) -> None:
+        """After the model ran the step: advance computed counts, publish full blocks."""
+        for item in scheduled:
+            seq = item.seq
+            before = seq.num_computed_tokens
+            seq.num_computed_tokens = before + item.num_new_tokens
+            hashes = self._hashes[seq]
+            for b in range(before // self.block_size, seq.num_computed_tokens // self.block_size):
+                self.block_pool.register_full(seq.block_table[b], hashes[b])
+            for _, _, block_hash in item.snapshots:
+                self.snapshots.commit(block_hash)   # written by the step: now restorable
+
+    # -- internals ----------------------------------------------------------------------
+    def _admit(self, seq: Sequence) -> bool:
+        """Give a waiting sequence a state slot and its cached prefix; False if none is free."""
+        if self.state_pool.num_free_slots == 0:
+            return False
+        seq.state_slot = self.state_pool.allocate()
+        seq.status = SequenceStatus.RUNNING
+        tokens = seq.all_token_ids
+        hashes = self._hash_blocks(seq)
+        # at least the last token is computed, to get the logits of the next one
+        max_reuse = (len(tokens) - 1) // self.block_size
+        n = usable_prefix(hashes[:max_reuse], self.block_pool, self.snapshots)
+        if n:
+            blocks = self.block_pool.lookup(hashes[:n])
+            self.block_pool.acquire_cached(blocks)
+            seq.block_table = blocks
+            self.state_pool.copy(self.snapshots.get(hashes[n - 1]), seq.state_slot)
+        seq.num_computed_tokens = seq.num_cached_tokens = n * self.block_size
+        self.block_pool.record_query(len(tokens), n * self.block_size)
+        return True
+
+    def _grow_or_preempt(self, seq: Sequence, n: int) -> bool:
+        """Blocks for `n` more tokens of a running sequence, preempting newer ones if needed."""
+        while not self._grow(seq, n):
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _grow(self, seq: Sequence, n: int) -> bool:
+        needed = -(-(seq.num_computed_tokens + n) // self.block_size) - len(seq.block_table)
+        if needed <= 0:
+            return True
+        if not self.block_pool.can_allocate(needed):
+            return False
+        seq.block_table = seq.block_table + self.block_pool.allocate(needed)
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        logger.debug("preempting %s at %d tokens", seq.request_id, seq.num_tokens)
+        self.num_preemptions += 1
+        if seq in self.running:
+            self.running.remove(seq)
+        self._release(seq)
+        seq.status = SequenceStatus.PREEMPTED
+        seq.num_computed_tokens = 0
+        self.waiting.appendleft(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        if seq.block_table:
+            self.block_pool.free(seq.block_table)
+            seq.block_table = []
+        if seq.state_slot is not None:
+            self.state_pool.free(seq.state_slot)
+            seq.state_slot = None
+
+    def _hash_blocks(self, seq: Sequence) -> list[int]:
+        """Chained hashes of the sequence's full blocks, extended incrementally."""
+        hashes = self._hashes.setdefault(seq, [])
+        tokens, bs = seq.all_token_ids, self.block_size
+        for b in range(len(hashes), len(tokens) // bs):
+            hashes.append(hash_block(hashes[-1] if hashes else None, tokens[b * bs:(b + 1) * bs]))
+        return hashes
+
+    def _plan(self, seq: Sequence, n: int) -> ScheduledSequence:
+        """The step's work for `seq`, with a KDA snapshot at every block boundary it crosses."""
+        item = ScheduledSequence(seq, n)
+        start, bs = seq.num_computed_tokens, self.block_size
+        hashes = self._hash_blocks(seq)
+        for boundary in range(start // bs + 1, (start + n) // bs + 1):
+            slot = self.snapshots.reserve(hashes[boundary - 1])
+            if slot is not None:
+                item.snapshots.append((boundary * bs - start, slot, hashes[boundary - 1]))
+        return item

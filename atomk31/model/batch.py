@@ -1,0 +1,36 @@
+"""ForwardBatch: everything one engine step hands the model, as tensors on the device.
+
+A step runs N requests together; request r contributes the tokens
+`input_ids[cu_seqlens[r]:cu_seqlens[r+1]]` (a decode is one token, a prefill chunk many), at
+absolute positions `positions`. Nothing here knows about Sequence objects: the model runner
+builds it, the model reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor          # int64 [T]
+    positions: torch.Tensor          # int64 [T] absolute position of each token
+    token_request: torch.Tensor      # int32 [T] request index r of each token
+    cu_seqlens: torch.Tensor         # int32 [N+1] token ranges per request
+    block_tables: torch.Tensor       # int32 [N, max_blocks], -1 padded
+    slot_mapping: torch.Tensor       # int64 [T] cache slot each token's MLA rows are written to
+    state_slots: torch.Tensor        # int64 [N] KDA state slot of each request
+    has_initial_state: torch.Tensor  # bool [N] False for a request's first tokens (zero state)
+    logits_indices: torch.Tensor     # int64 [M] tokens whose next-token logits are wanted
+    # KDA prefix snapshots taken during this step: rows (r, m, snapshot slot): the state of
+    # request r after its first m tokens of this step goes to KDA state slot `snapshot slot`.
+    snapshots: torch.Tensor          # int64 [S, 3]
+    block_size: int
+    max_position: int                # max(positions), known on the host (no device sync)
+    is_decode_only: bool             # every request has exactly one new token
+
+    @property
+    def num_requests(self) -> int:
+        return self.cu_seqlens.numel() - 1

@@ -1,0 +1,92 @@
+"""The feed-forward sublayers in engine form: the dense SiTU-GLU MLP (§4.9, §9 #12) and the
+latent MoE (§4.7) with MXFP4 (or dequantized BF16) routed experts and the shared experts."""
+
+from __future__ import annotations
+
+import torch
+
+from atomk31.config import ModelConfig
+from atomk31.model.weights import WeightSource
+from atomk31.ops import OpTable
+
+ROUTED_NORM_NAME = "routed_expert_norm.weight"
+
+
+class DenseMLP:
+    """y = W_down · situ_glu(W_gate x, W_up x); gate and up fused as [gate | up] (§4.8)."""
+
+    def __init__(self, config: ModelConfig, weights: WeightSource, prefix: str, ops: OpTable):
+        self.ops = ops
+        self.beta = config.activation_situ_beta
+        self.linear_beta = config.activation_situ_linear_beta
+        self.w_gate_up = weights.take_cat([prefix + "gate_proj.weight", prefix + "up_proj.weight"])
+        self.w_down = weights.take(prefix + "down_proj.weight")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = (x @ self.w_gate_up.T).chunk(2, dim=-1)
+        return self.ops.situ_glu(gate, up, self.beta, self.linear_beta) @ self.w_down.T
+
+
+class LatentMoE:
+    """Router -> experts on the latent z = W_down x -> RMSNorm -> W_up, plus shared experts (§4.7).
+
+    Experts are kept as the checkpoint stores them: MXFP4 bytes + E8M0 scales stacked over
+    experts ([E, 2F, Dl/2] for w1|w3, [E, Dl, F/2] for w2), or dequantized BF16 when the
+    checkpoint is the dequantized variant (§3.2).
+    """
+
+    def __init__(self, config: ModelConfig, weights: WeightSource, prefix: str, ops: OpTable):
+        e = prefix + "block_sparse_moe."
+        self.ops = ops
+        self.top_k = config.num_experts_per_token
+        self.renormalize = config.moe_renormalize
+        self.scaling = config.routed_scaling_factor
+        self.beta = config.activation_situ_beta
+        self.linear_beta = config.activation_situ_linear_beta
+        self.eps = config.rms_norm_eps
+        self.w_router = weights.take_fp32(e + "gate.weight")          # fp32 logits (§4.7)
+        self.correction_bias = weights.take_fp32(e + "gate.e_score_correction_bias")
+        self.is_latent = config.routed_expert_hidden_size is not None   # §9 #10
+        if self.is_latent:
+            self.w_latent_down = weights.take(e + "routed_expert_down_proj.weight")
+            self.w_latent_up = weights.take(e + "routed_expert_up_proj.weight")
+        self.latent_norm = (weights.take_fp32(e + ROUTED_NORM_NAME)
+                            if self.is_latent and config.latent_moe_use_norm else None)
+        self.shared = (DenseMLP(config, weights, e + "shared_experts.", ops)
+                       if config.num_shared_experts else None)
+        experts = [f"{e}experts.{i}." for i in range(config.num_experts)]
+        self.is_mxfp4 = weights.has(experts[0] + "w1.weight_packed")
+        if self.is_mxfp4:
+            self.w13_packed = _stack([torch.cat([weights.take_raw(p + "w1.weight_packed"),
+                                                 weights.take_raw(p + "w3.weight_packed")])
+                                      for p in experts])
+            self.w13_scales = _stack([torch.cat([weights.take_raw(p + "w1.weight_scale"),
+                                                 weights.take_raw(p + "w3.weight_scale")])
+                                      for p in experts])
+            self.w2_packed = _stack([weights.take_raw(p + "w2.weight_packed") for p in experts])
+            self.w2_scales = _stack([weights.take_raw(p + "w2.weight_scale") for p in experts])
+        else:
+            self.w13 = _stack([weights.take_cat([p + "w1.weight", p + "w3.weight"])
+                               for p in experts])
+            self.w2 = _stack([weights.take(p + "w2.weight") for p in experts])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ops = self.ops
+        weights, ids = ops.moe_route(x, self.w_router, self.correction_bias, self.top_k,
+                                     self.renormalize, self.scaling)
+        z = x @ self.w_latent_down.T if self.is_latent else x
+        if self.is_mxfp4:
+            u = ops.moe_experts_mxfp4(z, weights, ids, self.w13_packed, self.w13_scales,
+                                      self.w2_packed, self.w2_scales, self.beta, self.linear_beta)
+        else:
+            u = ops.moe_experts_dense(z, weights, ids, self.w13, self.w2, self.beta,
+                                      self.linear_beta)
+        if self.latent_norm is not None:
+            u = ops.rms_norm(u, self.latent_norm, self.eps)
+        u = u.to(x.dtype)
+        y = u @ self.w_latent_up.T if self.is_latent else u
+        return y + self.shared.forward(x) if self.shared is not None else y
+
+
+def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack(tensors).contiguous()

@@ -1,0 +1,85 @@
+"""The KDA mixer in engine form (MODEL_SPEC.md §4.4): batched over requests, state in the pool.
+
+Each request's KDA state (3 conv histories and the [H, K, V] recurrent state, per layer) lives
+in one slot of the KDAStatePool. A step gathers the slots of its requests, runs the ops and
+writes the states back; it also writes the prefix snapshots the batch asks for (the state after
+the first m tokens of a request in this step) into their own slots.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from atomk31.config import ModelConfig
+from atomk31.model.batch import ForwardBatch
+from atomk31.model.weights import WeightSource
+from atomk31.ops import OpTable
+
+
+class KDAMixer:
+    def __init__(self, config: ModelConfig, weights: WeightSource, prefix: str, kda_index: int,
+                 ops: OpTable):
+        a = prefix + "self_attn."
+        self.ops = ops
+        self.kda_index = kda_index        # this layer's row in the state pool's tensors
+        self.num_heads = config.kda_num_heads
+        self.head_dim = config.kda_head_dim
+        self.lower_bound = config.gate_lower_bound
+        self.eps = config.rms_norm_eps
+        self.w_qkv = weights.take_cat([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"])
+        # conv weights [C, 1, Kc] -> one [3C, Kc] for the fused q|k|v convolution
+        self.w_conv = torch.cat([weights.take_fp32(a + f"{n}_conv1d.weight")[:, 0, :]
+                                 for n in ("q", "k", "v")], dim=0)
+        self.w_f_a = weights.take(a + "f_a_proj.weight")
+        self.w_f_b = weights.take(a + "f_b_proj.weight")
+        self.w_beta = weights.take(a + "b_proj.weight")
+        self.w_gate = weights.take(a + "g_proj.weight")
+        # A_log may be padded ([128], [1,1,96,1]): the first num_heads entries are used (§9 #16)
+        self.a_log = weights.take_fp32(a + "A_log").flatten()[: self.num_heads]
+        self.dt_bias = weights.take_fp32(a + "dt_bias")
+        self.o_norm = weights.take_fp32(a + "o_norm.weight")
+        self.w_out = weights.take(a + "o_proj.weight")
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, conv_pool: torch.Tensor,
+                state_pool: torch.Tensor) -> torch.Tensor:
+        """x: [T, D] normed input -> [T, D]. conv_pool: [L_kda, slots, 3, Kc-1, C];
+        state_pool: [L_kda, slots, H, K, V] fp32 (both updated in place)."""
+        ops, H, K = self.ops, self.num_heads, self.head_dim
+        T = x.shape[0]
+        slots = batch.state_slots
+        conv_all, state_all = conv_pool[self.kda_index], state_pool[self.kda_index]
+        # [N, 3, Kc-1, C] -> [N, Kc-1, 3C]: the q|k|v histories side by side, like z below
+        conv = conv_all[slots].permute(0, 2, 1, 3).flatten(2)
+        z = x @ self.w_qkv.T                                            # [T, 3C]
+        snapshots = batch.snapshots
+        if snapshots.numel():
+            conv_snap = ops.conv_state_after(z, conv, batch.cu_seqlens, batch.has_initial_state,
+                                             snapshots[:, :2])
+        qkv = ops.short_conv_silu(z, self.w_conv, conv, batch.cu_seqlens, batch.has_initial_state)
+        conv_all[slots] = _split_conv(conv).to(conv_all.dtype)
+        q, k, v = qkv.view(T, 3, H, K).unbind(1)
+        f = (x @ self.w_f_a.T) @ self.w_f_b.T
+        g = ops.kda_gate(f.view(T, H, K), self.a_log, self.dt_bias, self.lower_bound)
+        beta = torch.sigmoid((x @ self.w_beta.T).float())                # fp32 (§4.4)
+        scale = K ** -0.5
+        state = state_all[slots]
+        if batch.is_decode_only and not snapshots.numel():
+            o = ops.kda_decode(q, k, v, g, beta, state, scale)            # state updated in place
+        else:
+            o, state, snap_states = ops.kda_prefill(q, k, v, g, beta, state, batch.cu_seqlens,
+                                                    scale, snapshot_at=snapshots[:, :2]
+                                                    if snapshots.numel() else None)
+        state_all[slots] = state
+        if snapshots.numel():
+            snap_slots = snapshots[:, 2]
+            state_all[snap_slots] = snap_states
+            conv_all[snap_slots] = _split_conv(conv_snap).to(conv_all.dtype)
+        gate = (x @ self.w_gate.T).view(T, H, K)
+        y = ops.gated_rms_norm(o.to(x.dtype), gate, self.o_norm, self.eps)
+        return y.reshape(T, H * K) @ self.w_out.T
+
+
+def _split_conv(conv: torch.Tensor) -> torch.Tensor:
+    """[N, Kc-1, 3C] -> [N, 3, Kc-1, C], the pool's layout."""
+    n, hist, c3 = conv.shape
+    return conv.view(n, hist, 3, c3 // 3).permute(0, 2, 1, 3)

@@ -1,0 +1,31 @@
+"""Shared test set-up: hardware markers skip with a reason that names the hardware."""
+
+import pytest
+import torch
+
+
+def _has_rocm() -> bool:
+    return torch.cuda.is_available() and torch.version.hip is not None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    no_gpu = pytest.mark.skip(reason="needs a CUDA or ROCm GPU; none is visible to torch")
+    no_rocm = pytest.mark.skip(reason="needs a ROCm (AMD Instinct) GPU; none is visible to torch")
+    for item in items:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(no_gpu)
+        if "amd" in item.keywords and not _has_rocm():
+            item.add_marker(no_rocm)
+
+
+TINY_SEED = 1234
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory):
+    """The tiny preset (MODEL_SPEC §2.4), seed TINY_SEED, one shard. Read-only: copy it before
+    editing."""
+    from atomk31.checkpoint import make_checkpoint
+
+    return make_checkpoint("tiny", seed=TINY_SEED, out=tmp_path_factory.mktemp("tiny"),
+                           progress=False)
