@@ -1,4 +1,4 @@
-"""The `atomk31` command line: make-checkpoint, generate.
+"""The `atomk31` command line: serve, generate, info, make-checkpoint.
 
 This is the one place (with config.py) that reads the environment: the default model directory
 lives under $XDG_CACHE_HOME (or ~/.cache), so `atomk31 generate` runs on a fresh machine with no
@@ -55,12 +55,25 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_flag(make, "out", type=Path, required=True, help="output directory")
     _add_flag(make, "max_shard_bytes", type=int, default=2 << 30)
 
-    gen = sub.add_parser("generate", help="greedy continuation of a prompt")
+    serve = sub.add_parser("serve", help="the OpenAI-compatible HTTP server")
+    from server.launch import add_serve_arguments
+
+    add_serve_arguments(serve)
+
+    gen = sub.add_parser("generate", help="greedy continuation of prompts (offline engine)")
     _add_flag(gen, "model", type=Path, default=None,
               help="checkpoint directory (default: the built-in tiny checkpoint)")
     _add_flag(gen, "prompt", action="append", default=None,
               help="prompt text (repeat for several prompts)")
     _add_flag(gen, "max_tokens", type=int, default=16)
+    _add_flag(gen, "block_size", type=int, default=128)
+    _add_flag(gen, "kernel_backend", default="auto", choices=["auto", "torch", "triton", "amd"])
+    _add_flag(gen, "reference", action="store_true",
+              help="compute with the float32 reference model (the oracle) instead of the engine")
+
+    info = sub.add_parser("info", help="the platform and the kernel chosen for every op")
+    _add_flag(info, "kernel_backend", default="auto", choices=["auto", "torch", "triton", "amd"])
+    _add_flag(info, "device", default=None, help="e.g. cpu, cuda:0 (default: the GPU if any)")
     return parser
 
 
@@ -73,32 +86,77 @@ def _cmd_make_checkpoint(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    if args.max_tokens < 1:
+        raise SystemExit(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    model_dir = args.model or ensure_default_model()
+    prompts = args.prompt or ["The quick brown fox"]
+    if any(not p for p in prompts):
+        raise SystemExit("--prompt is empty: give at least one character")
+    if args.reference:
+        outputs = _generate_with_reference(model_dir, prompts, args.max_tokens)
+    else:
+        from atomk31 import LLM, SamplingParams
+
+        llm = LLM(model_dir, block_size=args.block_size, kernel_backend=args.kernel_backend)
+        params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+        outputs = [(o.prompt_token_ids, o.outputs[0].token_ids, o.outputs[0].text)
+                   for o in llm.generate(prompts, params)]
+    for prompt, (prompt_ids, new_ids, text) in zip(prompts, outputs):
+        print(f"prompt: {prompt!r} ({len(prompt_ids)} tokens)")
+        print(f"output: {text!r}")
+        print(f"tokens: {new_ids}")
+    return 0
+
+
+def _generate_with_reference(model_dir: Path, prompts: list[str],
+                             max_tokens: int) -> list[tuple[list[int], list[int], str]]:
     import torch
 
     from atomk31.checkpoint import Tokenizer
     from atomk31.reference import ReferenceModel
 
-    if args.max_tokens < 1:
-        raise SystemExit(f"--max-tokens must be >= 1, got {args.max_tokens}")
-    model_dir = args.model or ensure_default_model()
     tokenizer = Tokenizer.from_pretrained(model_dir)
-    model = ReferenceModel.from_pretrained(model_dir)
-    for prompt in args.prompt or ["The quick brown fox"]:
+    model = ReferenceModel.from_pretrained(model_dir, index_key_format="fp8")
+    results = []
+    for prompt in prompts:
         ids = tokenizer.encode(prompt)
-        if not ids:
-            raise SystemExit("--prompt is empty: give at least one character")
         with torch.inference_mode():
-            new = model.greedy(torch.tensor(ids), args.max_tokens)
-        print(f"prompt: {prompt!r} ({len(ids)} tokens)")
-        print(f"output: {tokenizer.decode(new)!r}")
-        print(f"tokens: {new}")
+            new = model.greedy(torch.tensor(ids), max_tokens)
+        results.append((ids, new, tokenizer.decode(new, skip_special_tokens=True)))
+    return results
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    import torch
+
+    import atomk31
+    from atomk31.ops import select_ops
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    platform = "CPU"
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        platform = f"{name} (ROCm {torch.version.hip})" if torch.version.hip else \
+            f"{name} (CUDA {torch.version.cuda})"
+    print(f"atomk31 {atomk31.__version__}, torch {torch.__version__}, device {device}: {platform}")
+    table = select_ops(args.kernel_backend, device)
+    print(f"kernel backend {args.kernel_backend!r}:")
+    for op, backend, note in table.describe():
+        print(f"  {op:<22} {backend:<7} {note}")
     return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from server.launch import serve
+
+    return serve(args)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
-    commands = {"make-checkpoint": _cmd_make_checkpoint, "generate": _cmd_generate}
+    commands = {"make-checkpoint": _cmd_make_checkpoint, "generate": _cmd_generate,
+                "info": _cmd_info, "serve": _cmd_serve}
     return commands[args.command](args)
 
 

@@ -1,4 +1,4 @@
-"""Fixtures: one tiny checkpoint per test session, and edited copies of it.
+"""Fixtures: edited copies of the session's tiny checkpoint (tests/conftest.py).
 
 Helpers are fixtures (not importable functions) so the suite also runs under
 `--import-mode=importlib`.
@@ -12,18 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from atomk31.checkpoint import make_checkpoint
 from atomk31.config import ModelConfig
-
-TINY_SEED = 1234
-
-
-@pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny preset, seed TINY_SEED, one shard. Read-only: copy it before editing."""
-    return make_checkpoint("tiny", seed=TINY_SEED, out=tmp_path_factory.mktemp("tiny"),
-                           progress=False)
-
 
 @pytest.fixture
 def tiny_tensors(tiny_checkpoint: Path) -> dict[str, torch.Tensor]:

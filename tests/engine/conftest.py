@@ -54,8 +54,9 @@ def record_logits() -> Callable[[LLM], LogitRecorder]:
     return LogitRecorder
 
 
-def assert_pools_free(llm: LLM) -> None:
-    """Every block free and every state slot either free or holding a prefix snapshot."""
+def assert_pools_free(llm) -> None:
+    """Every block free and every state slot either free or holding a prefix snapshot.
+    `llm`: an LLM or an AsyncEngine (anything with `.engine`, the LLMEngine)."""
     engine = llm.engine
     assert engine.block_pool.num_free_blocks == engine.block_pool.num_blocks, "blocks leaked"
     held = engine.snapshots.num_snapshots
@@ -65,5 +66,5 @@ def assert_pools_free(llm: LLM) -> None:
 
 
 @pytest.fixture
-def pools_free() -> Callable[[LLM], None]:
+def pools_free() -> Callable[[object], None]:
     return assert_pools_free

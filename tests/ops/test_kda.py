@@ -7,17 +7,9 @@ import torch.nn.functional as F
 from atomk31.ops.kda import kda_decode_torch, kda_gate_torch, kda_verify_torch
 from atomk31.ops.kda_prefill import kda_prefill_torch
 from atomk31.reference.kda import kda_gates as reference_kda_gates
+from assertions import assert_relative_close
 
 TOLERANCE = 1e-4   # max-abs error over max-abs value, fp32 recurrent vs chunked
-
-
-def assert_relative_close(name: str, actual: torch.Tensor, expected: torch.Tensor, tolerance: float) -> None:
-    """Max-abs error over max-abs value of expected, reported with the tensor's name."""
-    assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    error = (actual.double() - expected.double()).abs().max().item() if actual.numel() else 0.0
-    scale = expected.double().abs().max().item() if expected.numel() else 0.0
-    relative = error / scale if scale else error
-    assert relative <= tolerance, f"{name}: max-abs error {error:.3g}, relative {relative:.3g} > {tolerance}"
 
 
 @pytest.mark.parametrize("lower_bound", [-5.0, -2.5, None], ids=["lb-5", "lb-2.5", "null"])

@@ -6,18 +6,10 @@ import torch
 from atomk31.ops.kda import kda_gate_torch
 from atomk31.ops.kda_prefill import kda_prefill_torch
 from atomk31.reference.kda_scan import kda_recurrent
+from assertions import assert_relative_close
 
 # Chunked vs sequential fp32: max-abs error over max-abs value (§8 #15 allows 1e-3; we hold 1e-4).
 TOLERANCE = 1e-4
-
-
-def assert_relative_close(name: str, actual: torch.Tensor, expected: torch.Tensor, tolerance: float) -> None:
-    """Max-abs error over max-abs value of expected, reported with the tensor's name."""
-    assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    error = (actual.double() - expected.double()).abs().max().item() if actual.numel() else 0.0
-    scale = expected.double().abs().max().item() if expected.numel() else 0.0
-    relative = error / scale if scale else error
-    assert relative <= tolerance, f"{name}: max-abs error {error:.3g}, relative {relative:.3g} > {tolerance}"
 
 
 def naive_kda_request(q, k, v, g, beta, state, scale):

@@ -8,15 +8,7 @@ from atomk31.ops.moe import moe_experts_dense_torch, moe_experts_mxfp4_torch, mo
 from atomk31.quant import quantize_mxfp4
 from atomk31.reference.formats import dequantize_mxfp4 as reference_dequantize_mxfp4
 from atomk31.reference.moe import route as reference_route
-
-
-def assert_relative_close(name: str, actual: torch.Tensor, expected: torch.Tensor, tolerance: float) -> None:
-    """Max-abs error over max-abs value of expected, reported with the tensor's name."""
-    assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    error = (actual.double() - expected.double()).abs().max().item() if actual.numel() else 0.0
-    scale = expected.double().abs().max().item() if expected.numel() else 0.0
-    relative = error / scale if scale else error
-    assert relative <= tolerance, f"{name}: max-abs error {error:.3g}, relative {relative:.3g} > {tolerance}"
+from assertions import assert_relative_close
 
 
 def naive_route(x, router_weight, bias, top_k, renormalize, scaling):

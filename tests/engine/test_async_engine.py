@@ -1,0 +1,95 @@
+"""AsyncEngine: streams per request, errors before the first output, abort frees everything."""
+
+import asyncio
+
+import pytest
+
+from atomk31 import SamplingParams
+from atomk31.config import EngineConfig
+from atomk31.engine.async_engine import AsyncEngine, EngineBusyError
+
+
+@pytest.fixture
+def engine(tiny_checkpoint):
+    engine = AsyncEngine(EngineConfig(model=str(tiny_checkpoint), block_size=16,
+                                      kernel_backend="torch", max_model_len=512,
+                                      max_num_waiting=4))
+    yield engine
+    engine.shutdown()
+
+
+def wait_until_idle(engine: AsyncEngine) -> None:
+    for _ in range(100):
+        stats = engine.stats()
+        if stats.num_running == stats.num_waiting == 0:
+            return
+        asyncio.run(asyncio.sleep(0.05))
+    raise AssertionError(f"engine still busy: {engine.stats()}")
+
+
+def test_concurrent_streams_are_cumulative_and_reproducible(engine, pools_free):
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    prompts = [[1, 2, 3], list(range(40, 80)), [7] * 20]
+
+    async def collect(prompt):
+        seen = []
+        async for out in engine.generate(prompt, params):
+            seen.append(list(out.outputs[0].token_ids))
+        return seen
+
+    async def main():
+        return await asyncio.gather(*(collect(p) for p in prompts))
+
+    streams = asyncio.run(main())
+    for stream in streams:
+        # cumulative outputs: each step extends the previous one by one token
+        assert [len(s) for s in stream] == list(range(1, 7))
+        assert all(a == b[: len(a)] for a, b in zip(stream, stream[1:]))
+    wait_until_idle(engine)
+    finals = [s[-1] for s in streams]
+    again = asyncio.run(main())   # greedy: the same tokens whatever ran beside them
+    assert [s[-1] for s in again] == finals
+    wait_until_idle(engine)
+    pools_free(engine)
+
+
+def test_prompt_over_context_length_raises_before_output(engine):
+    async def main():
+        async for _ in engine.generate([1] * 600, SamplingParams(max_tokens=4)):
+            pass
+
+    with pytest.raises(ValueError, match="over the context length of 512"):
+        asyncio.run(main())
+
+
+def test_leaving_a_stream_early_aborts_and_frees(engine, pools_free):
+    async def main():
+        async for out in engine.generate(list(range(100)), SamplingParams(max_tokens=200,
+                                                                           ignore_eos=True)):
+            if len(out.outputs[0].token_ids) == 2:
+                break
+
+    asyncio.run(main())
+    wait_until_idle(engine)
+    pools_free(engine)
+
+
+def test_full_waiting_queue_is_busy(tiny_checkpoint):
+    engine = AsyncEngine(EngineConfig(model=str(tiny_checkpoint), block_size=16,
+                                      kernel_backend="torch", max_num_seqs=1,
+                                      max_num_waiting=1))
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+
+    async def consume(prompt):
+        async for _ in engine.generate(prompt, params):
+            pass
+
+    async def main():
+        return await asyncio.gather(*(consume([i + 1] * 50) for i in range(4)),
+                                    return_exceptions=True)
+
+    try:
+        results = asyncio.run(main())
+        assert any(isinstance(r, EngineBusyError) for r in results), results
+    finally:
+        engine.shutdown()
