@@ -30,7 +30,7 @@ class LogitRecorder:
                 for r, item in enumerate(scheduled):
                     key = (item.seq.request_id, item.seq.index)
                     for i in range(starts[r], starts[r + 1]):
-                        self.logits[key][int(batch.positions[i])] = logits[i].clone()
+                        self.logits[key][int(batch.positions[i])] = logits[i].float().cpu()
                     self.num_computed[item.seq.request_id] += starts[r + 1] - starts[r]
                 batch.logits_indices = wanted
                 return logits[wanted]
@@ -47,6 +47,16 @@ class LogitRecorder:
         """[num positions, vocab] for positions 0..max, in order (every position must exist)."""
         rows = self.logits[(request_id, index)]
         return torch.stack([rows[p] for p in range(len(rows))])
+
+
+@pytest.fixture(params=[
+    pytest.param(("torch", "cpu"), id="torch-cpu"),
+    pytest.param(("triton", "cuda"), id="triton-cuda", marks=pytest.mark.gpu),
+])
+def backend(request) -> dict:
+    """LLM keyword arguments for each kernel backend the equality tests run on."""
+    kernel_backend, device = request.param
+    return {"kernel_backend": kernel_backend, "device": device, "kv_cache_memory": 512 << 20}
 
 
 @pytest.fixture

@@ -59,12 +59,11 @@ def compare_with_reference(recorder, ref, prompts, outputs, first_flip: int) -> 
     return num_close / num_positions
 
 
-def test_float32_batch_equals_reference(tiny_checkpoint, record_logits, pools_free):
-    llm = LLM(tiny_checkpoint, block_size=16, kernel_backend="torch", dtype="float32")
+def test_float32_batch_equals_reference(tiny_checkpoint, record_logits, pools_free, backend):
+    llm = LLM(tiny_checkpoint, block_size=16, dtype="float32", kv_cache_dtype="fp32", **backend)
     recorder = record_logits(llm)
     prompts = random_prompts(PROMPT_LENGTHS)
     outputs = llm.generate(prompts, GREEDY)
-    assert llm.engine.config.latent_cache_dtype == torch.float32   # "auto" on CPU
     ref = ReferenceModel.from_pretrained(tiny_checkpoint, index_key_format="fp8")
     # only top-k selection can flip, and only from position index_topk on
     close = compare_with_reference(recorder, ref, prompts, outputs,
@@ -76,13 +75,13 @@ def test_float32_batch_equals_reference(tiny_checkpoint, record_logits, pools_fr
 @pytest.mark.parametrize("dtype, kv_cache_dtype", [
     ("float32", "fp8"), ("bfloat16", "fp8"), ("bfloat16", "bf16")])
 def test_teacher_forced_storage_formats(tiny_checkpoint, record_logits, pools_free, dtype,
-                                        kv_cache_dtype):
+                                        kv_cache_dtype, backend):
     """Fed the oracle's tokens (§9 #2b): top-1 agrees wherever the oracle's top-1/top-2 gap
     exceeds 0.1 at every dense position (< index_topk) and at >= 95% of all positions (sparse
     selection can flip, see the module docstring); dense logits stay within 15% of the largest
     |logit|. The oracle simulates the FP8 latent when the cache is FP8 (§9 #15)."""
-    llm = LLM(tiny_checkpoint, block_size=16, kernel_backend="torch", dtype=dtype,
-              kv_cache_dtype=kv_cache_dtype)
+    llm = LLM(tiny_checkpoint, block_size=16, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+              **backend)
     recorder = record_logits(llm)
     ref = ReferenceModel.from_pretrained(tiny_checkpoint, index_key_format="fp8",
                                          latent_format="fp8" if kv_cache_dtype == "fp8" else "exact")
