@@ -1,8 +1,9 @@
 """Render OpenAI chat requests into K3 prompt segments (CHAT_FORMAT.md §1-§2, "XTML").
 
-K3 ships no Jinja template; this follows the release's `encoding_k3.py` (via vLLM's copy, CHAT_FORMAT
-key VLLM-ENC), rewritten here. `render_chat` returns `(text, allow_special)` segments; the caller
-tokenizes them with `Tokenizer.encode_segments`, so user text never becomes special tokens.
+K3 ships no Jinja template; this follows the release's `encoding_k3.py` (via vLLM's copy,
+CHAT_FORMAT key VLLM-ENC), rewritten here. `render_chat` returns `(text, allow_special)`
+segments; the caller tokenizes them with `Tokenizer.encode_segments`, so user text never becomes
+special tokens.
 
 Order (§2): tool declaration, thinking-effort note, the messages (tool results re-ordered, §2.2),
 tool-choice note, response-format note, generation prompt.
@@ -16,8 +17,8 @@ from typing import Any
 
 from server.system_notes import effort_note, resolve_tool_choice, response_format_note, \
     system_note, thinking_effort, tool_declaration, validate_tools
-from server.xtml import CLOSE, OPEN, SEP, ChatTemplateError, Segment, close_tag, \
-    control_segments, end_of_message, open_tag, text_segments
+from server.xtml import ChatTemplateError, Segment, close_tag, end_of_message, open_tag, \
+    text_segments
 
 __all__ = ["ChatTemplateError", "prompt_starts_in_reasoning", "render_chat"]
 
@@ -36,8 +37,8 @@ def render_chat(messages: list[dict], *, tools: list[dict] | None = None,
     messages: plain dicts as clients send them (role, content: str | list of text parts | None,
         name, tool_calls, tool_call_id, reasoning_content); `developer` is treated as `system`.
     tools / tool_choice / response_format: the request's fields; they add the §2.3 notes.
-    reasoning_effort: `low` | `high` | `max`, OpenAI's `minimal` | `medium` | `xhigh` (mapped, §2.5),
-        `none` for K3's non-thinking mode, or None for the default `max` (§2.3).
+    reasoning_effort: `low` | `high` | `max`; OpenAI's `minimal` | `medium` | `xhigh` (mapped,
+        §2.5); `none` for K3's non-thinking mode; None for the default `max` (§2.3).
     Raises ChatTemplateError (a ValueError) for input it cannot render.
     """
     if not isinstance(messages, list) or not messages:
@@ -56,8 +57,7 @@ def render_chat(messages: list[dict], *, tools: list[dict] | None = None,
         segments += tool_declaration(declared_tools)
     if is_thinking:
         segments += effort_note(effort)
-    for message in sort_tool_results(checked):
-        segments += _render_message(message, is_thinking)
+    segments += _render_messages(sort_tool_results(checked), is_thinking)
     if choice_note is not None:
         segments += system_note("tool-choice", choice_note)
     if format_note is not None:
@@ -155,10 +155,10 @@ def _call_arguments(arguments: Any, place: str) -> dict | str:
 
 # ---- tool results (§2.2) -------------------------------------------------------------------------
 def sort_tool_results(messages: list[dict]) -> list[dict]:
-    """Sort each run of consecutive tool messages into the call order of the preceding assistant's
-    `tool_calls`, when every `tool_call_id` of the run matches one of its call ids; the matched
-    call's function name becomes the message's `tool`. Runs with an unmatched id stay as sent.
-    Input messages are not mutated."""
+    """Sort each run of consecutive tool messages into the call order of the preceding
+    assistant's `tool_calls`, when every `tool_call_id` of the run matches one of its call ids;
+    the matched call's function name becomes the message's `tool`. Runs with an unmatched id stay
+    as sent. Input messages are not mutated."""
     output: list[dict] = []
     call_positions: dict[str, tuple[int, str]] = {}
     i = 0
@@ -194,21 +194,46 @@ def _call_positions(tool_calls: list[dict]) -> dict[str, tuple[int, str]]:
 
 
 # ---- messages ------------------------------------------------------------------------------------
-def _render_message(message: dict, is_thinking: bool) -> list[Segment]:
-    role = message["role"]
-    if role == "system" and message.get("tools"):
-        # §2.1: a system message carrying tools is only a mid-conversation declaration.
-        return tool_declaration(message["tools"], is_added=True)
-    if role == "tool":
-        attributes: list[tuple[str, str | int]] = [("role", "tool"), ("tool", message["_tool"]),
-                                                   ("index", message["_index"])]
-    else:
-        attributes = [("role", role)]
-        if message.get("name"):
-            attributes.append(("name", message["name"]))
-    body = (_assistant_body(message, is_thinking) if role == "assistant"
-            else text_segments(_content_text(message.get("content"))))
-    return open_tag("message", attributes) + body + close_tag("message") + end_of_message()
+def _render_messages(messages: list[dict], is_thinking: bool) -> list[Segment]:
+    segments: list[Segment] = []
+    previous_calls: list[dict] = []  # tool_calls of the last assistant message
+    tool_index = 0  # §2.2: tool messages since the last assistant message, from 1
+    for message in messages:
+        role = message["role"]
+        if role == "system" and message.get("tools"):
+            # §2.1: a system message carrying tools is only a mid-conversation declaration.
+            segments += tool_declaration(message["tools"], is_added=True)
+            continue
+        if role == "assistant":
+            previous_calls, tool_index = message.get("tool_calls") or [], 0
+        if role == "tool":
+            tool_index += 1
+            attributes: list[tuple[str, str | int]] = [
+                ("role", "tool"), ("tool", _tool_name(message, tool_index, previous_calls)),
+                ("index", tool_index)]
+        else:
+            attributes = [("role", role)]
+            if message.get("name"):
+                attributes.append(("name", message["name"]))
+        body = (_assistant_body(message, is_thinking) if role == "assistant"
+                else text_segments(_content_text(message.get("content"))))
+        segments += open_tag("message", attributes) + body + close_tag("message")
+        segments += end_of_message()
+    return segments
+
+
+def _tool_name(message: dict, tool_index: int, previous_calls: list[dict]) -> str:
+    """§2.2: the message's `tool`, else `name`, else the name of the preceding assistant's
+    `tool_index`-th call."""
+    name = message.get("tool") or message.get("name")
+    if name:
+        return name
+    if tool_index <= len(previous_calls):
+        return previous_calls[tool_index - 1]["function"]["name"]
+    raise ChatTemplateError(f"the tool message with tool_call_id {message['tool_call_id']!r} "
+                            f"names no tool: it matches no call of the preceding assistant "
+                            f"message and has no 'name'; send the assistant message with its "
+                            f"tool_calls (and their ids) before the tool results")
 
 
 def _content_text(content: str | list[dict] | None) -> str:

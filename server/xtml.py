@@ -52,7 +52,7 @@ def control_segments(text: str) -> list[Segment]:
 
 
 def open_tag(name: str, attributes: Iterable[tuple[str, str | int]] = ()) -> list[Segment]:
-    """`<|open|>` · NAME · per attribute ` KEY` · `="` · VALUE · `"` · `<|sep|>` (§1's split)."""
+    """`<|open|>` · NAME · per attribute (` KEY` · `="` · VALUE · `"`) · `<|sep|>` (§1)."""
     segments = control_segments(OPEN) + text_segments(name)
     for key, value in attributes:
         segments += (text_segments(f" {key}") + text_segments('="')

@@ -1,7 +1,20 @@
-"""Shared test set-up: hardware markers skip with a reason that names the hardware."""
+"""Shared test set-up: hardware markers skip with a reason that names the hardware, and
+Triton's interpreter when no GPU is visible.
 
-import pytest
+`@triton.jit` chooses the interpreter when a function is decorated, Triton's own library
+functions (tl.sigmoid, ...) included, so TRITON_INTERPRET must be set before anything imports
+triton: here, first thing in the session. Tests that compile for real targets (tests/amd_compile)
+do so in subprocesses with the variable removed.
+"""
+
+import os
+
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 
 def _has_rocm() -> bool:

@@ -99,6 +99,5 @@ class MLAMixer:
                                    self.index_format, self.fp8_variant, batch.block_tables,
                                    batch.token_request, batch.positions, batch.block_size)
         k = min(self.index_topk, batch.max_position + 1)
-        positions = ops.topk_positions(scores, k, batch.positions + 1)
-        return ops.positions_to_slots(positions, batch.block_tables, batch.token_request,
-                                      batch.block_size)
+        return ops.topk_slots(scores, k, batch.positions + 1, batch.block_tables,
+                              batch.token_request, batch.block_size)

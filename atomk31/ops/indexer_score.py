@@ -29,6 +29,7 @@ from atomk31.ops.kv_write import (
     dequantize_index_keys,
     quantize_index_keys,
     read_index_keys,
+    why_triton_unavailable,
 )
 from atomk31.ops.registry import register
 from atomk31.ops.topk import causal_slots_of_request, check_paged_rows, group_rows_by_request
@@ -90,4 +91,27 @@ def indexer_score_torch(
 
 indexer_score = indexer_score_torch
 
+
+def indexer_score_triton(
+    q: torch.Tensor,
+    head_weights: torch.Tensor,
+    index_values: torch.Tensor,
+    index_scales: torch.Tensor,
+    index_format: str,
+    fp8_variant: str,
+    block_table: torch.Tensor,
+    row_request: torch.Tensor,
+    row_position: torch.Tensor,
+    block_size: int,
+) -> torch.Tensor:
+    """`indexer_score` in Triton (atomk31/triton_kernels/indexer_score.py): each request's keys
+    are read once for all its rows; same tolerance as the torch implementation."""
+    from atomk31.triton_kernels.indexer_score import indexer_score_triton as launch
+
+    return launch(q, head_weights, index_values, index_scales, index_format, fp8_variant,
+                  block_table, row_request, row_position, block_size)
+
+
 register("indexer_score", "torch", indexer_score_torch)
+register("indexer_score", "triton", indexer_score_triton,
+         why_unavailable=why_triton_unavailable)

@@ -141,3 +141,30 @@ def _check_conv_inputs(
 
 register("short_conv_silu", "torch", short_conv_silu_torch)
 register("conv_state_after", "torch", conv_state_after_torch)
+
+
+# Triton implementations (atomk31/triton_kernels/kda_conv.py), imported on first call.
+def _needs_gpu(device: torch.device) -> str | None:
+    return None if device.type == "cuda" else "needs a CUDA or ROCm GPU"
+
+
+def short_conv_silu_triton(
+    z: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, cu_seqlens: torch.Tensor,
+    has_initial_state: torch.Tensor,
+) -> torch.Tensor:
+    from atomk31.triton_kernels.kda_conv import short_conv_silu_triton as kernel
+
+    return kernel(z, weight, conv_state, cu_seqlens, has_initial_state)
+
+
+def conv_state_after_triton(
+    z: torch.Tensor, conv_state: torch.Tensor, cu_seqlens: torch.Tensor,
+    has_initial_state: torch.Tensor, snapshot_at: torch.Tensor,
+) -> torch.Tensor:
+    from atomk31.triton_kernels.kda_conv import conv_state_after_triton as kernel
+
+    return kernel(z, conv_state, cu_seqlens, has_initial_state, snapshot_at)
+
+
+register("short_conv_silu", "triton", short_conv_silu_triton, _needs_gpu)
+register("conv_state_after", "triton", conv_state_after_triton, _needs_gpu)

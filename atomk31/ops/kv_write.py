@@ -227,4 +227,30 @@ def kv_write_torch(
 
 kv_write = kv_write_torch
 
+
+def why_triton_unavailable(device: torch.device) -> str | None:
+    """Why the Triton kernels of the sparse-attention ops cannot run on `device` (None: they
+    can). Shared by kv_write, indexer_score, topk, sparse_mla and dense_mla."""
+    return None if torch.device(device).type == "cuda" else "needs a GPU (Triton)"
+
+
+def kv_write_triton(
+    latent: torch.Tensor,
+    index_key: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    latent_cache: torch.Tensor,
+    latent_scale: float,
+    index_values: torch.Tensor,
+    index_scales: torch.Tensor,
+    index_format: str,
+    fp8_variant: str,
+) -> None:
+    """`kv_write` as one Triton launch (atomk31/triton_kernels/kv_write.py), bit-exact."""
+    from atomk31.triton_kernels.kv_write import kv_write_triton as launch
+
+    launch(latent, index_key, slot_mapping, latent_cache, latent_scale, index_values,
+           index_scales, index_format, fp8_variant)
+
+
 register("kv_write", "torch", kv_write_torch)
+register("kv_write", "triton", kv_write_triton, why_unavailable=why_triton_unavailable)

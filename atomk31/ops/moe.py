@@ -187,3 +187,32 @@ def _run_experts(
 register("moe_route", "torch", moe_route_torch)
 register("moe_experts_mxfp4", "torch", moe_experts_mxfp4_torch)
 register("moe_experts_dense", "torch", moe_experts_dense_torch)
+
+
+# Triton implementations (atomk31/triton_kernels/moe_*.py), imported on first call.
+def _needs_gpu(device: torch.device) -> str | None:
+    return None if device.type == "cuda" else "needs a CUDA or ROCm GPU"
+
+
+def moe_route_triton(
+    x: torch.Tensor, router_weight: torch.Tensor, correction_bias: torch.Tensor, top_k: int,
+    renormalize: bool, scaling_factor: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from atomk31.triton_kernels.moe_routing import moe_route_triton as kernel
+
+    return kernel(x, router_weight, correction_bias, top_k, renormalize, scaling_factor)
+
+
+def moe_experts_mxfp4_triton(
+    z: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+    w13_packed: torch.Tensor, w13_scales: torch.Tensor, w2_packed: torch.Tensor,
+    w2_scales: torch.Tensor, beta: float, linear_beta: float | None,
+) -> torch.Tensor:
+    from atomk31.triton_kernels.moe_grouped_gemm import moe_experts_mxfp4_triton as kernel
+
+    return kernel(z, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed, w2_scales,
+                  beta, linear_beta)
+
+
+register("moe_route", "triton", moe_route_triton, _needs_gpu)
+register("moe_experts_mxfp4", "triton", moe_experts_mxfp4_triton, _needs_gpu)

@@ -72,3 +72,19 @@ def _check_weight(op: str, x: torch.Tensor, weight: torch.Tensor, name: str) -> 
 register("rms_norm", "torch", rms_norm_torch)
 register("gated_rms_norm", "torch", gated_rms_norm_torch)
 register("layer_norm", "torch", layer_norm_torch)
+
+
+# Triton implementation (atomk31/triton_kernels/gated_rms_norm.py), imported on first call.
+def _needs_gpu(device: torch.device) -> str | None:
+    return None if device.type == "cuda" else "needs a CUDA or ROCm GPU"
+
+
+def gated_rms_norm_triton(
+    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    from atomk31.triton_kernels.gated_rms_norm import gated_rms_norm_triton as kernel
+
+    return kernel(x, gate, weight, eps)
+
+
+register("gated_rms_norm", "triton", gated_rms_norm_triton, _needs_gpu)

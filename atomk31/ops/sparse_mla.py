@@ -22,7 +22,12 @@ Also here: `softmax_attend`, the masked softmax-times-values step that `dense_ml
 
 import torch
 
-from atomk31.ops.kv_write import LATENT_DIM, check_latent_cache, read_latent
+from atomk31.ops.kv_write import (
+    LATENT_DIM,
+    check_latent_cache,
+    read_latent,
+    why_triton_unavailable,
+)
 from atomk31.ops.registry import register
 
 LATENT_VALUE_DIM = 512  # value = the compressed latent c only (§4.5)
@@ -86,4 +91,21 @@ def sparse_mla_torch(
 
 sparse_mla = sparse_mla_torch
 
+
+def sparse_mla_triton(
+    q: torch.Tensor,
+    latent_cache: torch.Tensor,
+    latent_scale: float,
+    slots: torch.Tensor,
+    softmax_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sparse_mla` in Triton (atomk31/triton_kernels/sparse_mla.py): bf16 tensor-core
+    products with fp32 accumulation, so within ~1e-2 relative of the torch result."""
+    from atomk31.triton_kernels.sparse_mla import sparse_mla_triton as launch
+
+    check_latent_cache(latent_cache, latent_scale)
+    return launch(q, latent_cache, latent_scale, slots, softmax_scale)
+
+
 register("sparse_mla", "torch", sparse_mla_torch)
+register("sparse_mla", "triton", sparse_mla_triton, why_unavailable=why_triton_unavailable)

@@ -10,6 +10,10 @@ topk_positions(scores, k, lengths) -> positions
   (§4.6, §8 #6), -0.0 equal to +0.0 (§9 #6). A row with lengths[i] < k returns all its
   positions (ranked) and then -1 padding; k > L is allowed. Exact: no tolerance.
 
+topk_slots(scores, k, lengths, block_table, row_request, block_size) -> slots
+  exactly positions_to_slots(topk_positions(scores, k, lengths), block_table, row_request,
+  block_size): the selection as the cache slots attention reads (one fused kernel on GPUs).
+
 positions_to_slots(positions, block_table, row_request, block_size) -> slots
   positions   [Nq, k] int (-1 = none), absolute token positions of the row's request.
   block_table [N, max_blocks] int32, -1 padded; row_request [Nq] int32 in [0, N).
@@ -22,6 +26,7 @@ the block table and query rows), `group_rows_by_request` and `causal_slots_of_re
 
 import torch
 
+from atomk31.ops.kv_write import why_triton_unavailable
 from atomk31.ops.registry import register
 
 
@@ -142,8 +147,47 @@ def topk_positions_torch(scores: torch.Tensor, k: int, lengths: torch.Tensor) ->
     return out
 
 
+def topk_slots_torch(
+    scores: torch.Tensor,
+    k: int,
+    lengths: torch.Tensor,
+    block_table: torch.Tensor,
+    row_request: torch.Tensor,
+    block_size: int,
+) -> torch.Tensor:
+    """Cache slots [Nq, k] int32 of each row's top-k positions, best first, -1 padded:
+    exactly positions_to_slots(topk_positions(scores, k, lengths), ...)."""
+    positions = topk_positions_torch(scores, k, lengths)
+    return positions_to_slots_torch(positions, block_table, row_request, block_size)
+
+
+def topk_positions_triton(scores: torch.Tensor, k: int, lengths: torch.Tensor) -> torch.Tensor:
+    """`topk_positions` as a Triton radix select (atomk31/triton_kernels/topk.py); exact."""
+    from atomk31.triton_kernels.topk import topk_triton
+
+    return topk_triton(scores, k, lengths)
+
+
+def topk_slots_triton(
+    scores: torch.Tensor,
+    k: int,
+    lengths: torch.Tensor,
+    block_table: torch.Tensor,
+    row_request: torch.Tensor,
+    block_size: int,
+) -> torch.Tensor:
+    """`topk_slots` fused: the radix select writes cache slots directly; exact."""
+    from atomk31.triton_kernels.topk import topk_triton
+
+    return topk_triton(scores, k, lengths, block_table, row_request, block_size)
+
+
 topk_positions = topk_positions_torch
 positions_to_slots = positions_to_slots_torch
 
 register("topk_positions", "torch", topk_positions_torch)
 register("positions_to_slots", "torch", positions_to_slots_torch)
+register("topk_slots", "torch", topk_slots_torch)
+register("topk_positions", "triton", topk_positions_triton,
+         why_unavailable=why_triton_unavailable)
+register("topk_slots", "triton", topk_slots_triton, why_unavailable=why_triton_unavailable)

@@ -1,0 +1,241 @@
+"""indexer_score in Triton: lightning-indexer scores of query rows over the paged index keys.
+
+Contract: `atomk31.ops.indexer_score` (MODEL_SPEC §4.6 "Quantized evaluation", §4.6.1, §9 #4):
+scores[i, s] = sum_h w_h relu(q̂_h · k̂_s) for s <= row_position[i], -inf up to L.
+
+A program owns ROWS consecutive query rows and one chunk of key positions. For each request
+among its rows it streams that request's keys page by page once and scores them against all
+ROWS x H_I query heads with one matrix product, [BLOCK_N, 128] x [128, ROWS*H_I]: the rows of
+one request (verification rows, prefill rows) share every key load. The keys are the
+product's left operand, converted in registers and fed from there, the quantized queries the
+right one (staged once); the sum over heads then runs along the accumulator's columns,
+inside threads, without a trip through shared memory.
+
+Numbers: queries are quantized in the kernel with the keys' quantizer (§9 #4), bit-exact with
+`quantize_index_keys`. FP8: the product runs on the e4m3 values themselves (exact in bf16,
+products exact, fp32 accumulation) and the scales come after, since relu(s_q s_k x) =
+s_q s_k relu(x) for positive scales: score = s_k * sum_h (w_h s_q,h) relu(q_codes · k_codes).
+MXFP4: every dequantized value (E2M1 value x 2^e) is exact in bf16, so one product of the
+dequantized values. Under the interpreter the products run in fp32 (its bf16 dot is wrong).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from atomk31.triton_kernels.kv_write import (
+    FP8_INDEX_AMAX_FLOOR,
+    FP8_MAX,
+    fp8_group_quantize,
+    mxfp4_group_quantize,
+)
+
+INDEX_DIM = 128
+MAX_QUERY_VECTORS = 128  # ROWS * H_I per program; more spills registers
+
+
+@triton.jit
+def mxfp4_dequantize_keys(b_packed, b_scale_bytes, BLOCK_N: tl.constexpr):
+    """[BLOCK_N, 64] uint8 E2M1 pairs + [BLOCK_N, 4] uint8 E8M0 -> [BLOCK_N, 128] fp32."""
+    codes = tl.join(b_packed & 0xF, b_packed >> 4)  # [BLOCK_N, 64, 2]: the even value is low
+    codes = tl.reshape(codes, (BLOCK_N, 4, 32)).to(tl.int32)
+    index = codes & 7
+    magnitude = tl.where(index < 4, index.to(tl.float32) * 0.5,
+                         tl.where(index == 7, 6.0, (index - 2).to(tl.float32)))
+    value = tl.where((codes & 8) != 0, -magnitude, magnitude)
+    scale_byte = b_scale_bytes.to(tl.int32)
+    scale_bits = tl.where(scale_byte == 0, 1 << 22, scale_byte << 23)
+    scale_bits = tl.where(scale_byte == 255, 0x7FC00000, scale_bits)
+    scale = scale_bits.to(tl.float32, bitcast=True)
+    return tl.reshape(value * scale[:, :, None], (BLOCK_N, 128))
+
+
+@triton.jit
+def indexer_score_kernel(
+    # pointers
+    q_ptr, head_weights_ptr, values_ptr, scales_ptr, block_table_ptr,
+    row_request_ptr, row_position_ptr, scores_ptr,
+    # sizes
+    num_rows, num_positions, block_size, keys_per_program,
+    # strides (elements)
+    stride_q_row, stride_q_head, stride_w_row, stride_w_head,
+    stride_values_b, stride_values_t, stride_scales_b, stride_scales_t,
+    stride_table_r, stride_scores_row,
+    # meta-parameters
+    NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, ROWS: tl.constexpr,
+    IS_MXFP4: tl.constexpr, FP8_MAX_VALUE: tl.constexpr, MIN_AMAX: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, USE_FP8_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE_TILES: tl.constexpr,  # block_size % BLOCK_N == 0: no tile straddles two pages
+):
+    i_tile = tl.program_id(0)
+    i_chunk = tl.program_id(1)
+    M: tl.constexpr = ROWS * HEADS_PAD
+    o_d = tl.arange(0, 128)
+    o_r = i_tile * ROWS + tl.arange(0, ROWS)
+    m_r = o_r < num_rows
+    b_request = tl.load(row_request_ptr + o_r, mask=m_r, other=-1).to(tl.int32)
+    b_position = tl.load(row_position_ptr + o_r, mask=m_r, other=-1).to(tl.int64)
+
+    # Query vectors of the tile, row-major over (row, head), quantized like the keys (§9 #4).
+    o_m = tl.arange(0, M)
+    o_m_row = i_tile * ROWS + o_m // HEADS_PAD
+    o_m_head = o_m % HEADS_PAD
+    m_m = (o_m_row < num_rows) & (o_m_head < NUM_HEADS)
+    b_q = tl.load(q_ptr + o_m_row[:, None].to(tl.int64) * stride_q_row
+                  + o_m_head[:, None] * stride_q_head + o_d[None, :],
+                  mask=m_m[:, None], other=0.0).to(tl.float32)
+    b_weight = tl.load(head_weights_ptr + o_m_row.to(tl.int64) * stride_w_row
+                       + o_m_head * stride_w_head, mask=m_m, other=0.0).to(tl.float32)
+    if IS_MXFP4:
+        _, q_values, q_scale, _ = mxfp4_group_quantize(tl.reshape(b_q, (M, 4, 32)))
+        b_q_dot = tl.reshape(q_values * q_scale[:, :, None], (M, 128))
+    else:
+        b_q_dot, q_scale = fp8_group_quantize(b_q, FP8_MAX_VALUE, MIN_AMAX)
+        b_weight = b_weight * q_scale
+    if USE_FP8_DOT:
+        b_q_t = tl.trans(b_q_dot.to(values_ptr.dtype.element_ty))  # [128, M]
+    else:
+        b_q_t = tl.trans(b_q_dot.to(DOT_DTYPE))
+
+    chunk_start = i_chunk * keys_per_program
+    chunk_end = tl.minimum(chunk_start + keys_per_program, num_positions)
+    # Each request among the tile's rows streams its keys once (rows grouped by request in
+    # the engine's batches; any order is still correct).
+    for j in range(ROWS):
+        request = tl.load(row_request_ptr + tl.minimum(i_tile * ROWS + j, num_rows - 1))
+        is_first = tl.sum(((tl.arange(0, ROWS) < j) & (b_request == request)).to(tl.int32)) == 0
+        if (i_tile * ROWS + j < num_rows) & is_first:
+            m_rows = b_request == request
+            max_position = tl.max(tl.where(m_rows, b_position, -1))
+            key_end = tl.minimum(chunk_end, max_position + 1)
+            for start in range(chunk_start, key_end, BLOCK_N):
+                o_s = start + tl.arange(0, BLOCK_N)
+                m_s = o_s < key_end
+                o_offset = (o_s % block_size).to(tl.int64)
+                if PAGE_TILES:  # the tile lies in one page: one block-table read
+                    b_block = tl.load(block_table_ptr + request.to(tl.int64) * stride_table_r
+                                      + start // block_size).to(tl.int64)
+                else:
+                    b_block = tl.load(block_table_ptr + request.to(tl.int64) * stride_table_r
+                                      + o_s // block_size, mask=m_s, other=0).to(tl.int64)
+                p_key = values_ptr + b_block * stride_values_b + o_offset * stride_values_t
+                p_key_scale = scales_ptr + b_block * stride_scales_b + o_offset * stride_scales_t
+                if IS_MXFP4:
+                    o_byte = tl.arange(0, 64)
+                    o_group = tl.arange(0, 4)
+                    b_packed = tl.load(p_key[:, None] + o_byte[None, :], mask=m_s[:, None],
+                                       other=0)
+                    b_scale_bytes = tl.load(p_key_scale[:, None] + o_group[None, :],
+                                            mask=m_s[:, None], other=0)
+                    b_k = mxfp4_dequantize_keys(b_packed, b_scale_bytes, BLOCK_N).to(DOT_DTYPE)
+                else:
+                    b_key_scale = tl.load(p_key_scale, mask=m_s, other=0.0)
+                    b_k = tl.load(p_key[:, None] + o_d[None, :], mask=m_s[:, None], other=0.0)
+                    if not USE_FP8_DOT:
+                        b_k = b_k.to(DOT_DTYPE)
+                b_logits = tl.dot(b_k, b_q_t, input_precision="ieee")  # [BLOCK_N, M]
+                b_logits = tl.maximum(b_logits, 0.0) * b_weight[None, :]
+                b_scores = tl.sum(tl.reshape(b_logits, (BLOCK_N, ROWS, HEADS_PAD)), axis=2)
+                if not IS_MXFP4:
+                    b_scores = b_scores * b_key_scale[:, None]
+                is_future = o_s[:, None] > b_position[None, :]
+                b_scores = tl.where(is_future, float("-inf"), b_scores)  # [BLOCK_N, ROWS]
+                tl.store(scores_ptr + o_r[None, :].to(tl.int64) * stride_scores_row
+                         + o_s[:, None], b_scores,
+                         mask=m_rows[None, :] & (o_s < chunk_end)[:, None])
+            # Positions past every row of this request: -inf without reading keys.
+            tail_start = chunk_start + tl.cdiv(tl.maximum(key_end - chunk_start, 0),
+                                               BLOCK_N) * BLOCK_N
+            for start in range(tail_start, chunk_end, BLOCK_N):
+                o_s = start + tl.arange(0, BLOCK_N)
+                tl.store(scores_ptr + o_r[:, None].to(tl.int64) * stride_scores_row
+                         + o_s[None, :], tl.full((ROWS, BLOCK_N), float("-inf"), tl.float32),
+                         mask=m_rows[:, None] & (o_s < chunk_end)[None, :])
+
+
+def indexer_score_triton(
+    q: torch.Tensor,
+    head_weights: torch.Tensor,
+    index_values: torch.Tensor,
+    index_scales: torch.Tensor,
+    index_format: str,
+    fp8_variant: str,
+    block_table: torch.Tensor,
+    row_request: torch.Tensor,
+    row_position: torch.Tensor,
+    block_size: int,
+    use_fp8_dot: bool = False,
+) -> torch.Tensor:
+    """Indexer scores [Nq, L] fp32, L = max(row_position) + 1 (contract: ops/indexer_score).
+
+    q [Nq, H_I, 128], head_weights [Nq, H_I], index_values / index_scales one layer's key
+    pages (contiguous last dim), block_table [N, max_blocks], row_request / row_position [Nq].
+    `use_fp8_dot` runs the products on the fp8 tensor cores instead (e4m3fn keys only): twice
+    the rate, but Hopper accumulates fp8 products with ~14 bits, outside the op's tolerance.
+    """
+    del fp8_variant  # the dtype of index_values says it
+    num_rows = row_request.shape[0]
+    if q.dim() != 3 or q.shape[0] != num_rows or q.shape[2] != INDEX_DIM:
+        raise ValueError(f"q must be [Nq={num_rows}, H_I, {INDEX_DIM}], got {list(q.shape)}")
+    num_heads = q.shape[1]
+    if tuple(head_weights.shape) != (num_rows, num_heads):
+        raise ValueError(f"head_weights must be [Nq={num_rows}, H_I={num_heads}], got "
+                         f"{list(head_weights.shape)}")
+    if index_format not in ("fp8", "mxfp4"):
+        raise ValueError(f"index_format must be 'fp8' or 'mxfp4', got {index_format!r}")
+    heads_pad = triton.next_power_of_2(num_heads)
+    if heads_pad > MAX_QUERY_VECTORS:
+        raise ValueError(f"indexer_score_triton handles up to {MAX_QUERY_VECTORS} heads, got "
+                         f"H_I={num_heads}; use the torch implementation")
+    if index_values.shape[1] != block_size or index_values.stride(-1) != 1:
+        raise ValueError(
+            f"index_values must be [num_blocks, block_size={block_size}, ...] with a "
+            f"contiguous last dim, got shape {list(index_values.shape)} strides "
+            f"{index_values.stride()}")
+    if use_fp8_dot and (index_format != "fp8" or index_values.dtype != torch.float8_e4m3fn):
+        raise ValueError("use_fp8_dot needs e4m3fn fp8 keys")
+    num_positions = int(row_position.max()) + 1 if num_rows else 0
+    scores = torch.empty(num_rows, num_positions, dtype=torch.float32, device=q.device)
+    if num_rows == 0 or num_positions == 0:
+        return scores
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+
+    is_interpreter = q.device.type == "cpu"
+    # Rows per program: about the rows of one request (host-known Nq / N), at least 16 query
+    # vectors (the smallest tensor-core product) and at most MAX_QUERY_VECTORS.
+    rows_per_request = triton.cdiv(num_rows, max(1, block_table.shape[0]))
+    rows = max(triton.next_power_of_2(rows_per_request), max(1, 16 // heads_pad))
+    rows = min(rows, max(1, MAX_QUERY_VECTORS // heads_pad))
+    block_n = 64 if is_interpreter else 128
+    num_row_tiles = triton.cdiv(num_rows, rows)
+    num_key_tiles = triton.cdiv(num_positions, block_n)
+    num_programs_wanted = 1 if is_interpreter else 4 * _num_sms(q.device)
+    num_chunks = min(num_key_tiles, max(1, triton.cdiv(num_programs_wanted, num_row_tiles)))
+    keys_per_program = triton.cdiv(num_key_tiles, num_chunks) * block_n
+    num_chunks = triton.cdiv(num_positions, keys_per_program)
+    query_vectors = rows * heads_pad
+    indexer_score_kernel[(num_row_tiles, num_chunks)](
+        q, head_weights, index_values, index_scales, block_table,
+        row_request, row_position, scores,
+        num_rows, num_positions, block_size, keys_per_program,
+        q.stride(0), q.stride(1), head_weights.stride(0), head_weights.stride(1),
+        index_values.stride(0), index_values.stride(1),
+        index_scales.stride(0), index_scales.stride(1),
+        block_table.stride(0), scores.stride(0),
+        NUM_HEADS=num_heads, HEADS_PAD=heads_pad, ROWS=rows,
+        IS_MXFP4=index_format == "mxfp4",
+        FP8_MAX_VALUE=FP8_MAX.get(index_values.dtype, 448.0),
+        MIN_AMAX=FP8_INDEX_AMAX_FLOOR,
+        DOT_DTYPE=tl.float32 if is_interpreter else tl.bfloat16,
+        USE_FP8_DOT=use_fp8_dot,
+        BLOCK_N=block_n,
+        PAGE_TILES=block_size % block_n == 0,
+        num_warps=8 if block_n * query_vectors >= 128 * 128 else 4,
+        num_stages=3,
+    )
+    return scores
+
+
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count

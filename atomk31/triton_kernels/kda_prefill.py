@@ -1,0 +1,156 @@
+"""KDA chunked prefill in Triton over variable-length requests (MODEL_SPEC §4.4, chunked form).
+
+The contract is ``kda_prefill`` of ``atomk31/ops/kda_prefill.py``; this file holds no kernel.
+It plans the chunks on the host, then runs the two stages in order:
+
+1. ``kda_prefill_intra`` (one program per chunk and head, all in parallel): the chunk-local
+   scores, the unit lower-triangular solve and the gated keys/queries;
+2. ``kda_prefill_state`` (one program per request, head and value block, chunk after
+   chunk): the state, the output and the snapshots.
+
+Chunk table: each request is cut every 64 tokens and at every snapshot point ``m`` of its
+``snapshot_at`` rows, so a snapshot is the state after a chunk, recorded as the chunk ends,
+never reconstructed. Snapshots at ``m = 0`` are the initial state; repeated rows are copies.
+
+Intermediates are kept in the input's dtype (BF16 inputs -> BF16 w/qg/kd/u, as
+flash-linear-attention does), except the scores and every state, which stay fp32; matrix
+products use TF32 on the GPU. Memory: about ``T * H * (3K + V + BT) * itemsize`` for the
+intermediates (~0.1 MB per token at H = 96, BF16).
+
+Limits: chunk_size 64 only; each per-token decay g must be >= -5.8 (see kda_prefill_intra.py;
+K3.1's gate floor is -5). Planning reads cu_seqlens and snapshot_at on the host (one sync).
+"""
+
+import torch
+
+from atomk31.triton_kernels.kda_prefill_intra import CHUNK_SIZE, kda_prefill_intra
+from atomk31.triton_kernels.kda_prefill_state import kda_prefill_state
+
+
+def kda_prefill_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    scale: float,
+    chunk_size: int = 64,
+    snapshot_at: torch.Tensor | None = None,
+    intermediate_dtype: torch.dtype | None = None,
+    block_v: int | None = None,
+    num_stages: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Chunked KDA -> (o [T, H, V] in v.dtype, final_state fp32 [N, H, K, V],
+    snapshots fp32 [M, H, K, V] | None).
+
+    q, k: [T, H, K] raw; v: [T, H, V]; g: fp32 [T, H, K] log-decay; beta: fp32 [T, H];
+    initial_state: fp32 [N, H, K, V] (not modified); cu_seqlens: int32 [N+1];
+    snapshot_at: int64 [M, 2] rows (request, tokens). ``intermediate_dtype`` (default: v's
+    dtype when it is BF16/FP16, else fp32), ``block_v`` and ``num_stages`` are tuning knobs.
+    """
+    if chunk_size != CHUNK_SIZE:
+        raise ValueError(f"kda_prefill (triton) supports chunk_size={CHUNK_SIZE} only, got "
+                         f"{chunk_size}; use the torch backend for other chunk sizes")
+    _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, snapshot_at)
+    bounds = cu_seqlens.tolist()
+    snapshot_rows = [] if snapshot_at is None else snapshot_at.tolist()
+    _check_bounds(bounds, snapshot_rows, q.shape[0])
+    plan = _plan_chunks(bounds, snapshot_rows)
+    device = q.device
+    table = {name: torch.tensor(values, dtype=torch.int32, device=device)
+             for name, values in plan.items() if name != "copies"}
+    q, k, v = (_token_major(x) for x in (q, k, v))
+    g, beta = g.float().contiguous(), beta.float().contiguous()
+    if intermediate_dtype is None:
+        intermediate_dtype = v.dtype if v.dtype in (torch.bfloat16, torch.float16) else torch.float32
+    intra = kda_prefill_intra(q, k, v, g, beta, table["chunk_start"], table["chunk_len"], scale,
+                              intermediate_dtype)
+    num_snapshots = len(snapshot_rows)
+    snapshots = torch.empty((max(num_snapshots, 1),) + tuple(initial_state.shape[1:]),
+                            dtype=torch.float32, device=device)
+    o = torch.empty(v.shape, dtype=v.dtype, device=device)
+    final_state = kda_prefill_state(intra, initial_state.contiguous(), o, snapshots,
+                                    table["chunk_start"], table["chunk_len"],
+                                    table["chunk_snapshot"], table["request_chunks"],
+                                    block_v=block_v, num_stages=num_stages)
+    for target, source in plan["copies"]:
+        snapshots[target] = initial_state[source[1]] if source[0] == "initial" \
+            else snapshots[source[1]]
+    return o, final_state, snapshots[:num_snapshots] if snapshot_at is not None else None
+
+
+def _plan_chunks(bounds: list[int], snapshot_rows: list[list[int]]) -> dict[str, list]:
+    """Cut each request every CHUNK_SIZE tokens and at its snapshot points.
+
+    Returns chunk_start / chunk_len / chunk_snapshot (snapshot index written after the chunk,
+    -1 if none) per chunk, request_chunks [N+1] (each request's range of chunks), and copies:
+    (snapshot index, ("initial", request) | ("snapshot", index)) to fill after the kernels.
+    """
+    cuts_by_request: dict[int, dict[int, list[int]]] = {}
+    for index, (request, tokens) in enumerate(snapshot_rows):
+        cuts_by_request.setdefault(request, {}).setdefault(tokens, []).append(index)
+    plan: dict[str, list] = {"chunk_start": [], "chunk_len": [], "chunk_snapshot": [],
+                             "request_chunks": [0], "copies": []}
+    for request in range(len(bounds) - 1):
+        start, length = bounds[request], bounds[request + 1] - bounds[request]
+        snapshots_at = cuts_by_request.get(request, {})
+        for index in snapshots_at.get(0, []):
+            plan["copies"].append((index, ("initial", request)))
+        cuts = sorted(set(range(0, length, CHUNK_SIZE)) | set(snapshots_at) | {length})
+        for a, b in zip(cuts, cuts[1:]):
+            plan["chunk_start"].append(start + a)
+            plan["chunk_len"].append(b - a)
+            indices = snapshots_at.get(b, [])
+            plan["chunk_snapshot"].append(indices[0] if indices else -1)
+            plan["copies"].extend((index, ("snapshot", indices[0])) for index in indices[1:])
+        plan["request_chunks"].append(len(plan["chunk_start"]))
+    return plan
+
+
+def _token_major(x: torch.Tensor) -> torch.Tensor:
+    """[T, H, D] with dense heads and channels; the token stride may be anything (views of a
+    fused q|k|v projection pass without a copy)."""
+    if x.stride(2) == 1 and x.stride(1) == x.shape[2]:
+        return x
+    return x.contiguous()
+
+
+def _check_inputs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    initial_state: torch.Tensor, cu_seqlens: torch.Tensor, snapshot_at: torch.Tensor | None,
+) -> None:
+    if initial_state.dim() != 4 or initial_state.dtype != torch.float32:
+        raise ValueError("kda_prefill: initial_state must be fp32 [N, H, K, V], got "
+                         f"{initial_state.dtype} {tuple(initial_state.shape)}")
+    num_requests, num_heads, head_dim, value_dim = initial_state.shape
+    num_tokens = q.shape[0] if q.dim() == 3 else -1
+    expected = {"q": (num_tokens, num_heads, head_dim), "k": (num_tokens, num_heads, head_dim),
+                "v": (num_tokens, num_heads, value_dim), "g": (num_tokens, num_heads, head_dim),
+                "beta": (num_tokens, num_heads)}
+    arrived = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
+    for name, shape in expected.items():
+        if tuple(arrived[name].shape) != shape:
+            raise ValueError(f"kda_prefill: {name} must have shape {list(shape)} (T from q, H, "
+                             f"K, V from initial_state [N, H, K, V]), got "
+                             f"{list(arrived[name].shape)}")
+    if cu_seqlens.shape != (num_requests + 1,) or cu_seqlens.dtype not in (torch.int32,
+                                                                            torch.int64):
+        raise ValueError(f"kda_prefill: cu_seqlens must be int32 [N+1] = [{num_requests + 1}], "
+                         f"got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}")
+    if snapshot_at is not None and (snapshot_at.dim() != 2 or snapshot_at.shape[1] != 2):
+        raise ValueError("kda_prefill: snapshot_at must be [M, 2] rows of (request, tokens) or "
+                         f"None, got shape {tuple(snapshot_at.shape)}")
+
+
+def _check_bounds(bounds: list[int], snapshot_rows: list[list[int]], num_tokens: int) -> None:
+    if bounds[0] != 0 or bounds[-1] != num_tokens or any(b < a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"kda_prefill: cu_seqlens must rise from 0 to T={num_tokens} without "
+                         f"decreasing, got {bounds}")
+    for request, tokens in snapshot_rows:
+        if not 0 <= request < len(bounds) - 1 or \
+                not 0 <= tokens <= bounds[request + 1] - bounds[request]:
+            raise ValueError(f"kda_prefill: snapshot_at row ({request}, {tokens}) is out of "
+                             f"range: need 0 <= request < {len(bounds) - 1} and 0 <= tokens <= "
+                             "that request's length in this batch")

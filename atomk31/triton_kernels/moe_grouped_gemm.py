@@ -1,0 +1,258 @@
+"""Routed experts from MXFP4 weights in Triton: two grouped GEMMs (MODEL_SPEC §4.7, §3.3, §4.8).
+
+Contract: ``moe_experts_mxfp4`` of ``atomk31/ops/moe.py``. The (token, slot) pairs are first
+grouped by expert (``moe_routing.sort_pairs_by_expert``); a program owns BLOCK_M rows of one
+expert and BLOCK_N output columns:
+
+1. ``moe_gate_up_kernel``: ``h = situ_glu(z W1_e^T, z W3_e^T)`` with both halves of the
+   fused ``w13`` (gate rows 0..F-1, up rows F..2F-1) accumulated side by side, so SiTU-GLU
+   runs in the epilogue; h is rounded to z's dtype (§4.8) and stored in expert order.
+2. ``moe_down_kernel``: ``h W2_e^T`` times the pair's routing weight, added (fp32 atomics)
+   into ``u [T, Dl]``: the weighted combine over the k experts of a token.
+
+MXFP4 weights are dequantized in the kernel, 32 inputs per E8M0 scale: a nibble's E2M1 value
+times ``2^(scale - 127)`` is exact in BF16, so the BF16 tensor-core product sees exactly the
+checkpoint's weights. ``use_dot_scaled=True`` hands the packed bytes and scales to
+``tl.dot_scaled`` instead (native on GPUs with MX tensor cores; Hopper emulates it); it does
+not run under the interpreter.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from atomk31.triton_kernels.moe_routing import ExpertBlocks, sort_pairs_by_expert
+
+MXFP4_BLOCK = 32
+
+
+@triton.jit
+def _tanh(x):
+    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
+
+
+@triton.jit
+def _dequantize_mxfp4(b_packed, b_scales, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_N, BLOCK_K/2] uint8 codes (even input in the low nibble) and [BLOCK_N, BLOCK_K/32]
+    E8M0 bytes -> [BLOCK_N, BLOCK_K] fp32 weights."""
+    b_packed = b_packed.to(tl.int32)
+    b_codes = tl.reshape(tl.join(b_packed & 0xF, b_packed >> 4), (BLOCK_N, BLOCK_K))
+    exponent = (b_codes >> 1) & 3
+    mantissa = b_codes & 1
+    # E2M1 magnitude times 2: e = 0 -> m (0 or 1); e > 0 -> (2 + m) << (e - 1).
+    twice = tl.where(exponent == 0, mantissa, (2 + mantissa) << tl.maximum(exponent - 1, 0))
+    b_values = tl.where((b_codes & 8) != 0, -0.5, 0.5) * twice.to(tl.float32)
+    # 2^(s - 127) built from its exponent bits (exact; byte 0 flushes to 0).
+    b_factor = (b_scales.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    b_values = tl.reshape(b_values, (BLOCK_N, BLOCK_K // 32, 32)) * b_factor[:, :, None]
+    return tl.reshape(b_values, (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def _mxfp4_tile_product(
+    b_a, p_packed, p_scales, k0, m_n, acc,
+    stride_packed, stride_scales, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_DOT_SCALED: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    """acc + b_a [BLOCK_M, BLOCK_K] @ W[rows, k0:k0+BLOCK_K]^T for the expert rows at p_packed."""
+    o_n = tl.arange(0, BLOCK_N)
+    o_kp = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    o_ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    b_packed = tl.load(p_packed + o_n[:, None] * stride_packed + o_kp[None, :],
+                       mask=m_n[:, None], other=0)
+    b_scales = tl.load(p_scales + o_n[:, None] * stride_scales + o_ks[None, :],
+                       mask=m_n[:, None], other=0)
+    if USE_DOT_SCALED:
+        return tl.dot_scaled(b_a, None, "bf16", tl.trans(b_packed), b_scales, "e2m1", acc)
+    b_w = _dequantize_mxfp4(b_packed, b_scales, BLOCK_N, BLOCK_K)
+    if DOT_FP32:
+        # The interpreter computes BF16 products wrongly: stay in fp32 there.
+        return tl.dot(b_a.to(tl.float32), tl.trans(b_w), acc, input_precision="ieee")
+    return tl.dot(b_a, tl.trans(b_w.to(b_a.dtype)), acc)
+
+
+@triton.jit
+def moe_gate_up_kernel(
+    # pointers: z [T, Dl], the expert blocks, w13 packed/scales [E, 2F, *], h [rows, F]
+    z_ptr, pair_ids_ptr, block_expert_ptr, packed_ptr, scales_ptr, h_ptr,
+    # sizes and strides
+    num_pairs, stride_z,
+    # activation
+    beta, linear_beta,
+    # meta-parameters
+    E: tl.constexpr, F: tl.constexpr, DL: tl.constexpr, TOP_K: tl.constexpr,
+    HAS_LINEAR_CAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, USE_DOT_SCALED: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    i_b, i_n = tl.program_id(0), tl.program_id(1)
+    expert = tl.load(block_expert_ptr + i_b)
+    if expert >= E:
+        return
+    o_m = i_b * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(pair_ids_ptr + o_m)
+    m_m = pairs < num_pairs
+    tokens = (pairs // TOP_K).to(tl.int64)
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_n = o_n < F
+    stride_packed, stride_scales = DL // 2, DL // 32
+    p_gate_packed = packed_ptr + (expert.to(tl.int64) * 2 * F + i_n * BLOCK_N) * stride_packed
+    p_gate_scales = scales_ptr + (expert.to(tl.int64) * 2 * F + i_n * BLOCK_N) * stride_scales
+    p_up_packed = p_gate_packed + F * stride_packed
+    p_up_scales = p_gate_scales + F * stride_scales
+    b_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    b_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, DL, BLOCK_K):
+        o_k = k0 + tl.arange(0, BLOCK_K)
+        b_a = tl.load(z_ptr + tokens[:, None] * stride_z + o_k[None, :], mask=m_m[:, None],
+                      other=0.0)
+        b_gate = _mxfp4_tile_product(b_a, p_gate_packed, p_gate_scales, k0, m_n, b_gate,
+                                     stride_packed, stride_scales, BLOCK_N, BLOCK_K,
+                                     USE_DOT_SCALED, DOT_FP32)
+        b_up = _mxfp4_tile_product(b_a, p_up_packed, p_up_scales, k0, m_n, b_up,
+                                   stride_packed, stride_scales, BLOCK_N, BLOCK_K,
+                                   USE_DOT_SCALED, DOT_FP32)
+    # SiTU-GLU (§4.8): SiLU with the gate soft-capped at ±beta, up capped at ±linear_beta.
+    b_h = beta * _tanh(b_gate / beta) * tl.sigmoid(b_gate)
+    if HAS_LINEAR_CAP:
+        b_up = linear_beta * _tanh(b_up / linear_beta)
+    b_h = b_h * b_up
+    tl.store(h_ptr + o_m.to(tl.int64)[:, None] * F + o_n[None, :],
+             b_h.to(h_ptr.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
+
+
+@triton.jit
+def moe_down_kernel(
+    # pointers: h [rows, F], expert blocks, w2 packed/scales [E, Dl, *], weights [T*k], u [T, Dl]
+    h_ptr, pair_ids_ptr, block_expert_ptr, packed_ptr, scales_ptr, topk_weights_ptr, u_ptr,
+    # sizes
+    num_pairs,
+    # meta-parameters
+    E: tl.constexpr, F: tl.constexpr, DL: tl.constexpr, TOP_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_DOT_SCALED: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    i_b, i_n = tl.program_id(0), tl.program_id(1)
+    expert = tl.load(block_expert_ptr + i_b)
+    if expert >= E:
+        return
+    o_m = i_b * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(pair_ids_ptr + o_m)
+    m_m = pairs < num_pairs
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_n = o_n < DL
+    stride_packed, stride_scales = F // 2, F // 32
+    p_packed = packed_ptr + (expert.to(tl.int64) * DL + i_n * BLOCK_N) * stride_packed
+    p_scales = scales_ptr + (expert.to(tl.int64) * DL + i_n * BLOCK_N) * stride_scales
+    b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, F, BLOCK_K):
+        o_k = k0 + tl.arange(0, BLOCK_K)
+        b_a = tl.load(h_ptr + o_m.to(tl.int64)[:, None] * F + o_k[None, :], mask=m_m[:, None],
+                      other=0.0)
+        b_acc = _mxfp4_tile_product(b_a, p_packed, p_scales, k0, m_n, b_acc, stride_packed,
+                                    stride_scales, BLOCK_N, BLOCK_K, USE_DOT_SCALED, DOT_FP32)
+    b_weight = tl.load(topk_weights_ptr + pairs, mask=m_m, other=0.0)
+    tokens = (pairs // TOP_K).to(tl.int64)
+    tl.atomic_add(u_ptr + tokens[:, None] * DL + o_n[None, :], b_acc * b_weight[:, None],
+                  mask=m_m[:, None] & m_n[None, :], sem="relaxed")
+
+
+def pick_block_m(num_pairs: int, num_experts: int) -> int:
+    """Rows per program: about the expected number of pairs per expert (decode: 16)."""
+    per_expert = num_pairs / max(num_experts, 1)
+    for block_m in (16, 32, 64):
+        if per_expert <= block_m:
+            return block_m
+    return 128
+
+
+def moe_experts_mxfp4_triton(
+    z: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13_packed: torch.Tensor,
+    w13_scales: torch.Tensor,
+    w2_packed: torch.Tensor,
+    w2_scales: torch.Tensor,
+    beta: float,
+    linear_beta: float | None,
+    block_m: int | None = None,
+    block_n: int = 64,
+    block_k: int = 128,
+    num_warps: int | None = None,
+    num_stages: int = 3,
+    use_dot_scaled: bool = False,
+) -> torch.Tensor:
+    """z: [T, Dl]; topk_weights fp32 / topk_ids int32 [T, k]; w13 [E, 2F, Dl/2] + [E, 2F,
+    Dl/32]; w2 [E, Dl, F/2] + [E, Dl, F/32] (uint8) -> u fp32 [T, Dl].
+
+    block_* / num_warps / num_stages / use_dot_scaled are tuning knobs for benchmarks."""
+    num_experts, two_f, half_latent = w13_packed.shape
+    latent_size, intermediate_size = 2 * half_latent, two_f // 2
+    _check(z, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed, w2_scales,
+           latent_size, intermediate_size)
+    num_tokens, top_k = topk_ids.shape
+    num_pairs = num_tokens * top_k
+    u = torch.zeros((num_tokens, latent_size), dtype=torch.float32, device=z.device)
+    if num_pairs == 0:
+        return u
+    if block_m is None:
+        block_m = pick_block_m(num_pairs, num_experts)
+    if num_warps is None:
+        num_warps = 4 if block_m <= 32 else 8
+    on_interpreter = z.device.type == "cpu"
+    if use_dot_scaled and on_interpreter:
+        raise ValueError("moe_experts_mxfp4: use_dot_scaled does not run under the Triton "
+                         "interpreter; leave it False on the CPU")
+    blocks: ExpertBlocks = sort_pairs_by_expert(topk_ids, num_experts, block_m)
+    if z.stride(1) != 1:
+        z = z.contiguous()
+    hidden = torch.empty((blocks.num_blocks_max * block_m, intermediate_size), dtype=z.dtype,
+                         device=z.device)
+    meta = dict(E=num_experts, F=intermediate_size, DL=latent_size, TOP_K=top_k,
+                BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                USE_DOT_SCALED=use_dot_scaled, DOT_FP32=on_interpreter,
+                num_warps=num_warps, num_stages=num_stages)
+    moe_gate_up_kernel[(blocks.num_blocks_max, triton.cdiv(intermediate_size, block_n))](
+        z, blocks.pair_ids, blocks.block_expert, w13_packed, w13_scales, hidden,
+        num_pairs, z.stride(0), beta, 1.0 if linear_beta is None else linear_beta,
+        HAS_LINEAR_CAP=linear_beta is not None, **meta,
+    )
+    moe_down_kernel[(blocks.num_blocks_max, triton.cdiv(latent_size, block_n))](
+        hidden, blocks.pair_ids, blocks.block_expert, w2_packed, w2_scales,
+        topk_weights.float().contiguous(), u, num_pairs, **meta,
+    )
+    return u
+
+
+def _check(z: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+           w13_packed: torch.Tensor, w13_scales: torch.Tensor, w2_packed: torch.Tensor,
+           w2_scales: torch.Tensor, latent_size: int, intermediate_size: int) -> None:
+    """Shapes and dtypes only (expert ids are not range-checked: that would sync)."""
+    num_experts = w13_packed.shape[0]
+    expected = {
+        "w13_packed": (num_experts, 2 * intermediate_size, latent_size // 2),
+        "w13_scales": (num_experts, 2 * intermediate_size, latent_size // 32),
+        "w2_packed": (num_experts, latent_size, intermediate_size // 2),
+        "w2_scales": (num_experts, latent_size, intermediate_size // 32),
+    }
+    arrived = {"w13_packed": w13_packed, "w13_scales": w13_scales,
+               "w2_packed": w2_packed, "w2_scales": w2_scales}
+    for name, shape in expected.items():
+        tensor = arrived[name]
+        if tuple(tensor.shape) != shape or tensor.dtype != torch.uint8 or \
+                not tensor.is_contiguous():
+            raise ValueError(f"moe_experts_mxfp4: {name} must be contiguous uint8 {list(shape)} "
+                             f"for E={num_experts}, F={intermediate_size}, Dl={latent_size}; "
+                             f"got {tensor.dtype} {list(tensor.shape)}")
+    if latent_size % 128 or intermediate_size % 128:
+        raise ValueError(f"moe_experts_mxfp4 (triton): Dl and F must be multiples of 128 (the "
+                         f"K tile), got Dl={latent_size}, F={intermediate_size}; use the torch "
+                         "backend")
+    if z.dim() != 2 or z.shape[1] != latent_size:
+        raise ValueError(f"moe_experts_mxfp4: z must be [T, Dl] = [T, {latent_size}], "
+                         f"got {tuple(z.shape)}")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != z.shape[0] or \
+            topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"moe_experts_mxfp4: topk_weights and topk_ids must both be [T, k] "
+                         f"with T={z.shape[0]}, got {tuple(topk_weights.shape)} and "
+                         f"{tuple(topk_ids.shape)}")

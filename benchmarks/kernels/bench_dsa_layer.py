@@ -1,0 +1,153 @@
+"""The headline: one DSA layer's decode attention against one dense MLA layer, both Triton.
+
+16 requests x 4 verification rows (H = 96, H_I = 32, k = 2048, FP8 latent and FP8 index keys,
+128-token blocks), contexts 16K to 1M. DSA = kv_write + indexer_score + topk_slots +
+sparse_mla; dense = kv_write + dense_mla (what the layer runs without an indexer). Both
+read the same paged caches. Figure: the dense time over the DSA time, with each DSA stage
+timed alone; also each path's time as a ratio to its own roofline floor in the same run
+(bytes over the copy bandwidth, FLOPs over the BF16 GEMM rate, whichever is larger).
+
+Usage: python -m benchmarks.kernels.bench_dsa_layer [--out DIR] [--contexts 16384 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from atomk31.triton_kernels.dense_mla import dense_mla_triton
+from atomk31.triton_kernels.indexer_score import indexer_score_triton
+from atomk31.triton_kernels.kv_write import kv_write_triton
+from atomk31.triton_kernels.sparse_mla import sparse_mla_triton
+from atomk31.triton_kernels.topk import topk_triton
+from benchmarks.common import measure_copy_bandwidth, measure_matmul_rate, time_ms, write_result
+from benchmarks.kernels.bench_dense_mla import make_latent_cache
+from benchmarks.kernels.bench_indexer_score import (
+    make_block_table,
+    make_index_cache,
+    verification_rows,
+)
+
+NUM_REQUESTS = 16
+NUM_HEADS = 96
+NUM_INDEX_HEADS = 32
+TOP_K = 2048
+BLOCK_SIZE = 128
+DEVICE = "cuda"  # the benchmarks time GPU kernels
+SOFTMAX_SCALE = 192**-0.5
+CONTEXTS = [16384, 32768, 65536, 131072, 262144, 524288, 1048576]
+
+
+def layer_steps(context: int, latent: torch.Tensor, values: torch.Tensor,
+                scales: torch.Tensor) -> dict:
+    """Closures for each stage of one decode step at `context` (inputs built once)."""
+    device = DEVICE
+    block_table = make_block_table(NUM_REQUESTS, context, device)
+    row_request, row_position = verification_rows(NUM_REQUESTS, context, device)
+    num_rows = row_request.shape[0]
+    slot_mapping = (block_table[row_request.long(), row_position // BLOCK_SIZE].long()
+                    * BLOCK_SIZE + row_position % BLOCK_SIZE)
+    new_latent = torch.randn(num_rows, 576, device=device).to(torch.bfloat16)
+    new_key = torch.randn(num_rows, 128, device=device).to(torch.bfloat16)
+    q_index = torch.randn(num_rows, NUM_INDEX_HEADS, 128, device=device).to(torch.bfloat16)
+    head_weights = torch.randn(num_rows, NUM_INDEX_HEADS, device=device) * 0.02
+    q = torch.randn(num_rows, NUM_HEADS, 576, device=device).to(torch.bfloat16)
+    lengths = row_position + 1
+    k = min(TOP_K, context)
+
+    def write() -> None:
+        kv_write_triton(new_latent, new_key, slot_mapping, latent, 1.0, values, scales, "fp8",
+                        "e4m3fn")
+
+    def score() -> torch.Tensor:
+        return indexer_score_triton(q_index, head_weights, values, scales, "fp8", "e4m3fn",
+                                    block_table, row_request, row_position, BLOCK_SIZE)
+
+    scores = score()
+
+    def select() -> torch.Tensor:
+        return topk_triton(scores, k, lengths, block_table, row_request, BLOCK_SIZE)
+
+    slots = select()
+
+    def attend_sparse() -> tuple[torch.Tensor, torch.Tensor]:
+        return sparse_mla_triton(q, latent, 1.0, slots, SOFTMAX_SCALE)
+
+    def attend_dense() -> tuple[torch.Tensor, torch.Tensor]:
+        return dense_mla_triton(q, latent, 1.0, block_table, row_request, row_position,
+                                BLOCK_SIZE, SOFTMAX_SCALE)
+
+    def dsa() -> None:
+        write()
+        sel = topk_triton(score(), k, lengths, block_table, row_request, BLOCK_SIZE)
+        sparse_mla_triton(q, latent, 1.0, sel, SOFTMAX_SCALE)
+
+    def dense() -> None:
+        write()
+        attend_dense()
+
+    return {"kv_write": write, "indexer_score": score, "topk_slots": select,
+            "sparse_mla": attend_sparse, "dsa_layer": dsa, "dense_layer": dense}
+
+
+def floors(context: int, copy_bw: float, matmul_rate: float) -> dict:
+    """Roofline floor (ms) of each path: max(bytes / copy bandwidth, FLOPs / GEMM rate)."""
+    num_rows = NUM_REQUESTS * 4
+    index_bytes = NUM_REQUESTS * context * 132 + num_rows * context * 4 * 3  # keys; scores w+2r
+    index_flops = 2 * NUM_INDEX_HEADS * 128 * num_rows * context
+    sparse_bytes = num_rows * min(TOP_K, context) * 576
+    sparse_flops = 2 * NUM_HEADS * (576 + 512) * num_rows * min(TOP_K, context)
+    dense_bytes = NUM_REQUESTS * context * 576
+    dense_flops = 2 * NUM_HEADS * (576 + 512) * num_rows * context
+    dsa_ms = (max((index_bytes + sparse_bytes) / copy_bw, (index_flops + sparse_flops)
+                  / matmul_rate)) * 1e3
+    dense_ms = max(dense_bytes / copy_bw, dense_flops / matmul_rate) * 1e3
+    return {"dsa_layer": dsa_ms, "dense_layer": dense_ms}
+
+
+def run(contexts: list[int], copy_bw: float, matmul_rate: float) -> list[dict]:
+    torch.manual_seed(0)
+    num_blocks = NUM_REQUESTS * -(-max(contexts) // BLOCK_SIZE)
+    latent = make_latent_cache(num_blocks, DEVICE)
+    values, scales = make_index_cache(num_blocks, DEVICE)
+    results = []
+    for context in contexts:
+        steps = layer_steps(context, latent, values, scales)
+        result = {"context": context}
+        for name, fn in steps.items():
+            result[f"{name}_ms"] = time_ms(fn)
+        result["speedup_dsa_vs_dense"] = result["dense_layer_ms"] / result["dsa_layer_ms"]
+        for path, floor_ms in floors(context, copy_bw, matmul_rate).items():
+            result[f"{path}_floor_ms"] = floor_ms
+            result[f"{path}_fraction_of_floor"] = floor_ms / result[f"{path}_ms"]
+        results.append(result)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None, help="results directory")
+    parser.add_argument("--contexts", type=int, nargs="+", default=CONTEXTS)
+    args = parser.parse_args()
+    copy_bw, matmul_rate = measure_copy_bandwidth(), measure_matmul_rate()
+    results = run(args.contexts, copy_bw, matmul_rate)
+    path = write_result("triton_dsa_layer", {
+        "shape": f"{NUM_REQUESTS} requests x 4 verification rows, H {NUM_HEADS}, H_I "
+                 f"{NUM_INDEX_HEADS}, k {TOP_K}, fp8 latent + fp8 keys, block {BLOCK_SIZE}",
+        "copy_bandwidth_Bps": copy_bw, "bf16_matmul_flops": matmul_rate, "results": results},
+        out_dir=args.out)
+    print(f"copy {copy_bw / 1e12:.2f} TB/s, bf16 GEMM {matmul_rate / 1e12:.0f} TFLOP/s")
+    print("| context | DSA layer (ms) | dense MLA layer (ms) | dense / DSA | indexer | top-k "
+          "| sparse MLA | kv_write |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        print(f"| {r['context'] // 1024}K | {r['dsa_layer_ms']:.3f} | {r['dense_layer_ms']:.3f} "
+              f"| {r['speedup_dsa_vs_dense']:.2f}x | {r['indexer_score_ms']:.3f} "
+              f"| {r['topk_slots_ms']:.3f} | {r['sparse_mla_ms']:.3f} | {r['kv_write_ms']:.3f} |")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""FlyDSL sparse MLA over the FP8 latent cache (gfx950; the prefill case, MODEL_SPEC §4.5, §4.6).
+
+Computes the `sparse_mla` op (atomk31/ops/sparse_mla.py): for each query row, softmax over
+its selected latent rows of ``(q · row) * softmax_scale``, times the rows' first 512 values;
+returns (out [Nq, H, 512] fp32, lse [Nq, H] fp32).
+
+One workgroup (one wave of 64 lanes) per (query row, group of 16 local heads). It reads the
+selected rows straight from the FP8 latent cache, 16 rows per step, never materialising
+dequantized rows, and keeps the online-softmax state and the [16 heads, 512] output in
+registers:
+
+* scores, transposed: ``S^T[key, head] = K_tile[16, 576] · Q[16, 576]^T`` with 18
+  ``v_mfma_f32_16x16x32_fp8_fp8`` (queries quantized to e4m3 per (row, head) on the host, one
+  fp32 scale each, the latent's static scale folded in after);
+* online softmax per head across the 16 keys: in the MFMA result layout a lane holds four
+  keys of one head, so the reductions are in-lane plus two cross-lane xor shuffles;
+* ``O^T[col, head] += V^T[col, key] · P^T[key, head]`` with 32 ``v_mfma_f32_16x16x16_bf16``:
+  P^T is already in the B-operand layout (no transpose), V comes from the same FP8 rows
+  (e4m3 -> bf16 is exact).
+
+Accuracy: the query goes through e4m3 (§6.1) and P through bf16, as in production FP8 MLA
+kernels; the tests therefore compare against the torch op with the queries pre-rounded the
+same way and a bf16-level tolerance. Requires K3.1's 576-wide rows; H padded to 16.
+"""
+
+import torch
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl._mlir.dialects import rocdl as rocdl_ops
+from flydsl.expr import rocdl
+from flydsl.expr.typing import Vector as Vec
+
+LATENT_DIM = 576  # [c 512 | k_r 64] (§4.5)
+VALUE_DIM = 512
+HEADS_PER_GROUP = 16  # the MFMA's N: one wave covers 16 heads
+KEYS_PER_STEP = 16  # the MFMA's M for scores / K for P·V
+WAVE = 64
+SCORE_K = 32  # K of v_mfma_f32_16x16x32_fp8_fp8
+LOG2E = 1.4426950408889634
+
+
+def _e4m3_to_float(byte: fx.Uint8) -> fx.Float32:
+    """One e4m3fn byte -> fp32 with the hardware converter (v_cvt_f32_fp8)."""
+    word = byte.to(fx.Int32)
+    return fx.Float32(rocdl_ops.cvt_f32_fp8(fx.T.f32, word.ir_value(), 0))
+
+
+@flyc.kernel
+def sparse_mla_kernel(
+    q_words: fx.Tensor,  # [Nq, H, 72] int64: e4m3 queries, 8 per word
+    q_scales: fx.Tensor,  # [Nq, H] fp32: per (row, head) e4m3 scale * latent_scale * sm_scale
+    latent_words: fx.Tensor,  # [slots, 72] int64: the e4m3 latent rows, 8 per word
+    latent_bytes: fx.Tensor,  # [slots, 576] uint8: the same bytes, for P·V
+    slots: fx.Tensor,  # [Nq, k] int32, -1 = masked
+    out: fx.Tensor,  # [Nq, H, 512] fp32
+    lse: fx.Tensor,  # [Nq, H] fp32
+    num_heads: fx.Int32,
+    num_selected: fx.Int32,
+    latent_scale: fx.Float32,
+):
+    lane = fx.thread_idx.x
+    row = fx.block_idx.x
+    head_group = fx.block_idx.y
+    n16 = lane % fx.Int32(16)  # MFMA lane column: the head (scores, P·V) / key row (operand A)
+    kg = lane // fx.Int32(16)  # MFMA lane group
+    head = head_group * fx.Int32(HEADS_PER_GROUP) + n16
+    is_head = head < num_heads
+    safe_head = is_head.select(head, fx.Int32(0))
+    p_q = fx.get_iter(q_words)
+    p_qs = fx.get_iter(q_scales)
+    p_kw = fx.get_iter(latent_words)
+    p_kv = fx.get_iter(latent_bytes)
+    p_slots = fx.get_iter(slots)
+    p_out = fx.get_iter(out)
+    p_lse = fx.get_iter(lse)
+    q_base = (row * num_heads + safe_head) * fx.Int32(LATENT_DIM // 8)
+    q_scale = fx.ptr_load(p_qs + (row * num_heads + safe_head))
+    slot_base = row * num_selected
+
+    # Online-softmax state of this lane's head, and O^T[col, head] for 32 column tiles.
+    running_max = fx.Float32(float("-inf"))
+    running_sum = fx.Float32(0.0)
+    acc = [Vec.filled(4, 0.0, fx.Float32) for _ in range(VALUE_DIM // 16)]
+
+    for step in range(0, num_selected, KEYS_PER_STEP):
+        # ---- S^T tile: keys (M) x heads (N), K = 576 in 18 fp8 MFMAs ----
+        key_a = step + n16  # operand A row of this lane
+        in_range_a = key_a < num_selected
+        slot_a = fx.ptr_load(p_slots + (slot_base + in_range_a.select(key_a, fx.Int32(0))))
+        slot_a = (in_range_a & (slot_a >= fx.Int32(0))).select(slot_a, fx.Int32(0))
+        scores = Vec.filled(4, 0.0, fx.Float32)
+        for k_step in fx.range_constexpr(LATENT_DIM // SCORE_K):
+            word = fx.Int32(k_step * (SCORE_K // 8)) + kg
+            a = fx.ptr_load(p_kw + (slot_a * fx.Int32(LATENT_DIM // 8) + word))
+            b = fx.ptr_load(p_q + (q_base + word))
+            scores = Vec(rocdl.mfma_f32_16x16x32_fp8_fp8(
+                Vec.make_type(4, fx.Float32), [a, b, scores.ir_value()]), (4,), fx.Float32)
+
+        # ---- this lane's four keys (kg*4 + i) of its head: mask, scale, tile max ----
+        key_slots = []
+        logits = []
+        tile_max = fx.Float32(float("-inf"))
+        for i in fx.range_constexpr(4):
+            key = step + kg * fx.Int32(4) + fx.Int32(i)
+            in_range = key < num_selected
+            slot = fx.ptr_load(p_slots + (slot_base + in_range.select(key, fx.Int32(0))))
+            is_valid = in_range & (slot >= fx.Int32(0)) & is_head
+            key_slots.append(is_valid.select(slot, fx.Int32(0)))
+            logit = is_valid.select(scores[i] * q_scale, fx.Float32(float("-inf")))
+            logits.append(logit)
+            tile_max = tile_max.maximumf(logit)
+        # The other 12 keys of this head sit in lanes n16 + 16, + 32, + 48.
+        tile_max = tile_max.maximumf(fx.gpu.shuffle_xor(tile_max, 16, WAVE))
+        tile_max = tile_max.maximumf(fx.gpu.shuffle_xor(tile_max, 32, WAVE))
+        new_max = running_max.maximumf(tile_max)
+        # A head with every key masked so far keeps max -inf; shift by 0 to avoid NaN.
+        shift = (new_max == fx.Float32(float("-inf"))).select(fx.Float32(0.0), new_max)
+        alpha = ((running_max - shift) * fx.Float32(LOG2E)).exp2()
+        probabilities = []
+        tile_sum = fx.Float32(0.0)
+        for i in fx.range_constexpr(4):
+            p = ((logits[i] - shift) * fx.Float32(LOG2E)).exp2()
+            probabilities.append(p)
+            tile_sum = tile_sum + p
+        tile_sum = tile_sum + fx.gpu.shuffle_xor(tile_sum, 16, WAVE)
+        tile_sum = tile_sum + fx.gpu.shuffle_xor(tile_sum, 32, WAVE)
+        running_sum = running_sum * alpha + tile_sum
+        running_max = new_max
+        # P^T in the B-operand layout of the bf16 MFMA: lane holds P[key kg*4+i, head n16].
+        p_operand = Vec.from_elements(probabilities, dtype=fx.Float32).to(
+            fx.BFloat16).bitcast(fx.Int16)
+
+        # ---- O^T[col, head] = alpha * O^T + V^T[col, keys] P^T[keys, head] ----
+        for tile in fx.range_constexpr(VALUE_DIM // 16):
+            column = fx.Int32(tile * 16) + n16
+            values = [_e4m3_to_float(fx.ptr_load(
+                p_kv + (key_slots[i] * fx.Int32(LATENT_DIM) + column))) for i in range(4)]
+            v_operand = Vec.from_elements(values, dtype=fx.Float32).to(
+                fx.BFloat16).bitcast(fx.Int16)
+            scaled = Vec.from_elements([acc[tile][i] * alpha for i in range(4)], dtype=fx.Float32)
+            acc[tile] = Vec(rocdl.mfma_f32_16x16x16bf16_1k(
+                Vec.make_type(4, fx.Float32),
+                [v_operand.ir_value(), p_operand.ir_value(), scaled.ir_value()]), (4,), fx.Float32)
+
+    # ---- epilogue: out = O / sum * latent_scale (values are the stored bytes), lse ----
+    if is_head:
+        inverse = (running_sum > fx.Float32(0.0)).select(latent_scale / running_sum,
+                                                        fx.Float32(0.0))
+        out_base = (row * num_heads + head) * fx.Int32(VALUE_DIM)
+        for tile in fx.range_constexpr(VALUE_DIM // 16):
+            for i in fx.range_constexpr(4):
+                column = fx.Int32(tile * 16) + kg * fx.Int32(4) + fx.Int32(i)
+                fx.ptr_store(acc[tile][i] * inverse, p_out + (out_base + column))
+        if kg == fx.Int32(0):
+            row_lse = (running_sum > fx.Float32(0.0)).select(
+                running_max + fx.math.log(running_sum), fx.Float32(float("-inf")))
+            fx.ptr_store(row_lse, p_lse + (row * num_heads + head))
+
+
+@flyc.jit
+def launch_sparse_mla(
+    q_words: fx.Tensor, q_scales: fx.Tensor, latent_words: fx.Tensor,
+    latent_bytes: fx.Tensor, slots: fx.Tensor, out: fx.Tensor, lse: fx.Tensor,
+    num_rows: fx.Int32, num_head_groups: fx.Int32, num_heads: fx.Int32,
+    num_selected: fx.Int32, latent_scale: fx.Float32, stream: fx.Stream = fx.Stream(None),
+):
+    sparse_mla_kernel(q_words, q_scales, latent_words, latent_bytes, slots, out, lse,
+                      num_heads, num_selected, latent_scale).launch(
+        grid=(num_rows, num_head_groups, 1), block=(WAVE, 1, 1), stream=stream)
+
+
+def prepare_queries(q: torch.Tensor, latent_scale: float,
+                    softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries [Nq, H, 576] -> (e4m3 words [Nq, H, 72] int64, fp32 scales [Nq, H]).
+
+    One scale per (row, head): s = max(amax, 1e-12) / 448 (§6.1, e4m3fn). The returned scale
+    also carries the latent's static scale and the softmax scale, so the kernel multiplies
+    each raw fp8 dot product by one number.
+    """
+    amax = q.float().abs().amax(dim=-1).clamp_min(1e-12)
+    scale = amax / 448.0
+    q_fp8 = (q.float() / scale[..., None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    words = q_fp8.contiguous().view(torch.uint8).view(torch.int64)
+    return words, (scale * latent_scale * softmax_scale).contiguous()
+
+
+def sparse_mla_flydsl(
+    q: torch.Tensor,
+    latent_cache: torch.Tensor,
+    latent_scale: float,
+    slots: torch.Tensor,
+    softmax_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `sparse_mla` contract on an e4m3fn latent cache, with the FlyDSL kernel."""
+    if latent_cache.dtype != torch.float8_e4m3fn or latent_cache.shape[-1] != LATENT_DIM:
+        raise ValueError(f"sparse_mla_flydsl reads an e4m3fn latent cache [blocks, block_size, "
+                         f"{LATENT_DIM}], got {latent_cache.dtype} {list(latent_cache.shape)}")
+    if not latent_cache.is_contiguous():
+        raise ValueError("sparse_mla_flydsl needs a contiguous latent cache view (one layer)")
+    num_rows, num_selected = slots.shape
+    if q.dim() != 3 or q.shape[0] != num_rows or q.shape[2] != LATENT_DIM:
+        raise ValueError(f"q must be [Nq={num_rows}, H, {LATENT_DIM}], got {list(q.shape)}")
+    num_heads = q.shape[1]
+    out = torch.zeros(num_rows, num_heads, VALUE_DIM, device=q.device)
+    lse = torch.full((num_rows, num_heads), -torch.inf, device=q.device)
+    if num_rows == 0 or num_heads == 0:
+        return out, lse
+    q_words, q_scales = prepare_queries(q, latent_scale, softmax_scale)
+    rows = latent_cache.view(-1, LATENT_DIM)
+    num_head_groups = -(-num_heads // HEADS_PER_GROUP)
+    row_bytes = rows.view(torch.uint8)
+    launch_sparse_mla(q_words, q_scales, row_bytes.view(torch.int64), row_bytes,
+                      slots.to(torch.int32).contiguous(), out, lse, num_rows, num_head_groups,
+                      num_heads, num_selected, float(latent_scale))
+    return out, lse
+
+
+def compile_sparse_mla(num_rows: int = 2, num_heads: int = 16, num_selected: int = 64) -> None:
+    """Compile the kernel with placeholder CPU tensors (for COMPILE_ONLY builds in CI)."""
+    q_words = torch.zeros(num_rows, num_heads, LATENT_DIM // 8, dtype=torch.int64)
+    rows = torch.zeros(128, LATENT_DIM, dtype=torch.uint8)
+    flyc.compile(launch_sparse_mla, q_words, torch.ones(num_rows, num_heads),
+                 rows.view(torch.int64), rows,
+                 torch.zeros(num_rows, num_selected, dtype=torch.int32),
+                 torch.zeros(num_rows, num_heads, VALUE_DIM), torch.zeros(num_rows, num_heads),
+                 num_rows, 1, num_heads, num_selected, 1.0)

@@ -1,0 +1,128 @@
+"""`atomk31 serve`: its flags and the function that runs the server (uvicorn).
+
+`add_serve_arguments(parser)` registers every flag in `--kebab-case` and `--snake_case`; it is
+cheap, since this module imports no torch until `serve` runs. `serve(args)` turns the flags into
+an EngineConfig (validated once, every problem listed), builds the app and runs uvicorn until
+interrupted. Without `--model` it serves the built-in tiny checkpoint, generated into the cache
+directory on first use, so it runs on any machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from atomk31.config import (
+    DTYPES, INDEX_CACHE_DTYPES, KERNEL_BACKENDS, KV_CACHE_DTYPES, ConfigError, EngineConfig,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_MODEL_NAME = "atomk31-tiny"   # the name of the built-in tiny checkpoint
+DEFAULTS = EngineConfig(model="")     # the engine's own defaults, written once, in config.py
+
+
+def _add_flag(parser: argparse.ArgumentParser, name: str, help: str, default: Any,
+              value_type: Callable[[str], Any] | None = None,
+              choices: Sequence[str] | None = None) -> None:
+    """Register `--kebab-case` and `--snake_case` spellings of one option."""
+    kebab, snake = "--" + name.replace("_", "-"), "--" + name.replace("-", "_")
+    flags = [kebab] if kebab == snake else [kebab, snake]
+    parser.add_argument(*flags, dest=name.replace("-", "_"), help=help, default=default,
+                        type=value_type, choices=choices)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `atomk31 serve`."""
+    _add_flag(parser, "host", f"address to listen on (default {DEFAULT_HOST})",
+              default=DEFAULT_HOST)
+    _add_flag(parser, "port", f"port to listen on (default {DEFAULT_PORT})", value_type=int,
+              default=DEFAULT_PORT)
+    _add_flag(parser, "served_model_name", "the model name clients send (default: the --model "
+              f"path, or {DEFAULT_MODEL_NAME!r} for the built-in checkpoint)", default=None)
+    _add_flag(parser, "api_key", "require 'Authorization: Bearer KEY' on /v1 routes",
+              default=None)
+
+    _add_flag(parser, "model", "checkpoint directory (default: the built-in tiny checkpoint)",
+              default=None)
+    _add_flag(parser, "block_size", "KV-cache block size in tokens, a power of two",
+              value_type=int, default=DEFAULTS.block_size)
+    _add_flag(parser, "kernel_backend", "kernels: auto picks amd on ROCm, triton on CUDA, "
+              "torch on CPU", choices=KERNEL_BACKENDS, default=DEFAULTS.kernel_backend)
+    _add_flag(parser, "dtype", "compute dtype", choices=DTYPES, default=DEFAULTS.dtype)
+    _add_flag(parser, "max_model_len", "context length (default: the checkpoint's)",
+              value_type=int, default=DEFAULTS.max_model_len)
+    _add_flag(parser, "max_num_seqs", "sequences per batch at most", value_type=int,
+              default=DEFAULTS.max_num_seqs)
+    _add_flag(parser, "max_num_batched_tokens", "tokens per step at most", value_type=int,
+              default=DEFAULTS.max_num_batched_tokens)
+    _add_flag(parser, "max_num_waiting", "waiting requests at most; beyond, the server "
+              "answers 503", value_type=int, default=DEFAULTS.max_num_waiting)
+    _add_flag(parser, "kv_cache_dtype", "MLA latent cache dtype", choices=KV_CACHE_DTYPES,
+              default=DEFAULTS.kv_cache_dtype)
+    _add_flag(parser, "index_cache_dtype", "indexer key cache format",
+              choices=INDEX_CACHE_DTYPES, default=DEFAULTS.index_cache_dtype)
+    _add_flag(parser, "gpu_memory_utilization", "share of GPU memory the engine may use",
+              value_type=float, default=DEFAULTS.gpu_memory_utilization)
+    _add_flag(parser, "kv_cache_memory", "bytes for the KV cache and KDA states (overrides "
+              "--gpu-memory-utilization)", value_type=int, default=DEFAULTS.kv_cache_memory)
+    _add_flag(parser, "device", "torch device (default: cuda if available, else cpu)",
+              default=DEFAULTS.device)
+    parser.add_argument("--enable-prefix-caching", "--enable_prefix_caching",
+                        dest="enable_prefix_caching", action="store_true",
+                        default=DEFAULTS.enable_prefix_caching,
+                        help="reuse cached prompt prefixes (default: on)")
+    parser.add_argument("--no-enable-prefix-caching", "--no_enable_prefix_caching",
+                        dest="enable_prefix_caching", action="store_false",
+                        help="turn prefix caching off")
+
+
+def engine_config_from_args(args: argparse.Namespace, model: str) -> EngineConfig:
+    """EngineConfig from parsed flags; raises ConfigError listing every bad value."""
+    return EngineConfig(
+        model=model, block_size=args.block_size, kernel_backend=args.kernel_backend,
+        dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=args.enable_prefix_caching, kv_cache_dtype=args.kv_cache_dtype,
+        index_cache_dtype=args.index_cache_dtype, device=args.device,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_cache_memory=args.kv_cache_memory, max_num_waiting=args.max_num_waiting)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the server until interrupted; -> the process exit code (2: bad flags, 1: the
+    engine failed to start)."""
+    # Imported here, as cli.py does, so that building the CLI parser stays light (no torch).
+    import uvicorn
+
+    from server.app import create_app
+
+    if args.model is None:
+        from atomk31.cli import ensure_default_model
+
+        model = str(ensure_default_model())
+        name = args.served_model_name or DEFAULT_MODEL_NAME
+    else:
+        model = str(args.model)
+        name = args.served_model_name or model
+    if args.api_key is not None and not args.api_key:
+        logger.error("--api-key is empty; give a key or leave the flag out")
+        return 2
+    try:
+        options = engine_config_from_args(args, model)
+    except ConfigError as exc:
+        logger.error("%s", exc)
+        return 2
+    app = create_app(options, served_model_name=name, api_key=args.api_key)
+    # log_config=None: keep the process's logging set-up (cli.py's) instead of uvicorn's own.
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
+                                           timeout_graceful_shutdown=5))
+    try:
+        server.run()
+    except KeyboardInterrupt:   # uvicorn re-raises Ctrl-C once its graceful shutdown is done
+        logger.info("stopped")
+    return 0 if server.started else 1

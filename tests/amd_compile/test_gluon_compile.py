@@ -1,0 +1,58 @@
+"""Every Gluon kernel compiled for gfx950 and gfx942 (and its NVIDIA instantiation), no GPU.
+
+ISA checks: the matrix instruction the kernel was written for (scaled MFMA on gfx950, with
+the FP4 operand format ``cbsz:4 blgp:4`` on the MXFP4 path; CDNA3 FP8 MFMA on gfx942;
+mma.sync on NVIDIA), no scratch, no spills, registers within the kernel's design budget.
+"""
+
+import pytest
+
+from gluon_kernels import indexer_score, radix_topk
+from gluon_kernels.compile import compile_example
+from gluon_kernels.targets import target_for_arch
+from amd_compile.isa import check_no_scratch, check_registers, instructions, register_report
+
+KERNEL_MODULES = [indexer_score, radix_topk]
+AMD_ARCHS = ["gfx950", "gfx942"]
+
+
+def examples(arch):
+    target = target_for_arch(arch)
+    return [pytest.param(target, example, id=f"{arch}-{example.name}")
+            for module in KERNEL_MODULES for example in module.compile_examples(target)]
+
+
+@pytest.mark.parametrize("target,example", [p for arch in AMD_ARCHS for p in examples(arch)])
+def test_gluon_kernel_compiles_for_amd_with_its_matrix_instruction(target, example):
+    amdgcn = compile_example(example, target).asm["amdgcn"]
+    for expected in example.expected_instructions:
+        assert expected in instructions(amdgcn, "v_mfma"), (
+            f"{example.name} on {target.arch}: no {expected} in the ISA; found "
+            f"{sorted(instructions(amdgcn, 'v_mfma'))}")
+    if "mxfp4" in example.name and target.matmul == "mfma_scaled":
+        scaled = [line for line in amdgcn.splitlines() if "v_mfma_scale" in line]
+        assert scaled and all("cbsz:4 blgp:4" in line for line in scaled), (
+            f"{example.name}: the scaled MFMA must take both operands as FP4 (cbsz:4 blgp:4)")
+    report = register_report(amdgcn)
+    check_no_scratch(f"{example.name} on {target.arch}", report)
+    if example.max_vgprs is not None:
+        check_registers(f"{example.name} on {target.arch}", report, example.max_vgprs)
+
+
+@pytest.mark.parametrize("example", [e for m in KERNEL_MODULES
+                                     for e in m.compile_examples(target_for_arch("sm90"))],
+                         ids=lambda e: f"sm90-{e.name}")
+def test_gluon_kernel_nvidia_instantiation_compiles(example):
+    ptx = compile_example(example, target_for_arch("sm90")).asm["ptx"]
+    if example.name.startswith("indexer_score"):
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+
+
+def test_gfx942_has_no_mxfp4_instantiation():
+    names = [e.name for e in indexer_score.compile_examples(target_for_arch("gfx942"))]
+    assert names == ["indexer_score[fp8]"]
+
+
+def test_unknown_arch_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="expected gfx950, gfx942 or sm80"):
+        target_for_arch("gfx1100")

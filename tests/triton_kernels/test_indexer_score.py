@@ -1,0 +1,153 @@
+"""indexer_score_triton against indexer_score_torch (§4.6 "Quantized evaluation"): the same
+-inf pattern, finite scores within rtol 1e-5 + 1e-5 x the row's max |score|; under Triton's
+interpreter on the CPU and on a GPU at real sizes (H_I = 32, 128-token blocks)."""
+
+import importlib
+
+import pytest
+import torch
+
+from atomk31.ops.indexer_score import indexer_score_torch
+from atomk31.ops.kv_write import kv_write_torch
+
+KERNEL_MODULES = ("atomk31.triton_kernels.kv_write", "atomk31.triton_kernels.indexer_score")
+KEY_FORMATS = [("fp8", "e4m3fn"), ("fp8", "e4m3fnuz"), ("mxfp4", "e4m3fn")]
+FP8_DTYPES = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
+
+
+@pytest.fixture
+def interpreted(monkeypatch: pytest.MonkeyPatch):
+    """The kernel modules re-imported under Triton's interpreter (TRITON_INTERPRET must be set
+    before @triton.jit runs), restored to compiled kernels afterwards."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    modules = [importlib.reload(importlib.import_module(name)) for name in KERNEL_MODULES]
+    yield modules[-1]
+    monkeypatch.undo()
+    for name in KERNEL_MODULES:
+        importlib.reload(importlib.import_module(name))
+
+
+def build_cache(request_lengths, block_size, key_format, seed):
+    """Keys of each request written (by kv_write_torch) into a paged cache whose blocks are
+    handed out shuffled; the pages are strided views (latent-sized gaps between them)."""
+    index_format, fp8_variant = key_format
+    generator = torch.Generator().manual_seed(seed)
+    blocks_needed = [-(-n // block_size) for n in request_lengths]
+    num_blocks = sum(blocks_needed) + 2
+    free_blocks = torch.randperm(num_blocks, generator=generator).tolist()
+    block_table = torch.full((len(request_lengths), max(blocks_needed) + 1), -1,
+                             dtype=torch.int32)
+    for request, count in enumerate(blocks_needed):
+        for column in range(count):
+            block_table[request, column] = free_blocks.pop()
+    if index_format == "fp8":
+        values = torch.zeros(num_blocks, block_size, 192, dtype=FP8_DTYPES[fp8_variant])
+        values, scales = values[:, :, 32:160], torch.zeros(num_blocks, block_size)
+    else:
+        values = torch.zeros(num_blocks, block_size, 96, dtype=torch.uint8)[:, :, 16:80]
+        scales = torch.zeros(num_blocks, block_size, 4, dtype=torch.uint8)
+    latent = torch.zeros(num_blocks, block_size, 576, dtype=torch.bfloat16)
+    for request, length in enumerate(request_lengths):
+        positions = torch.arange(length)
+        slots = block_table[request, positions // block_size].long() * block_size
+        slots += positions % block_size
+        keys = torch.randn(length, 128, generator=generator) * 2.0
+        kv_write_torch(torch.zeros(length, 576), keys, slots, latent, 1.0, values, scales,
+                       index_format, fp8_variant)
+    return block_table, values, scales
+
+
+def make_rows(rows, num_heads, seed):
+    """(row_request, row_position, q, head_weights) for [(request, position), ...]."""
+    generator = torch.Generator().manual_seed(seed)
+    row_request = torch.tensor([r for r, _ in rows], dtype=torch.int32)
+    row_position = torch.tensor([p for _, p in rows], dtype=torch.int64)
+    q = torch.randn(len(rows), num_heads, 128, generator=generator).to(torch.bfloat16)
+    head_weights = torch.randn(len(rows), num_heads, generator=generator)
+    head_weights *= num_heads**-0.5 * 128**-0.5  # mixed signs: scores can be negative
+    return row_request, row_position, q, head_weights
+
+
+def assert_scores_close(name, got, want, atol_scale="row"):
+    """Same -inf pattern; finite parts within rtol 1e-5, atol 1e-5 * the row's max |score|
+    (the op's tolerance), or * the batch's max |score| for tensor-core products, whose fp32
+    accumulation is not IEEE-sequential: its error follows the size of the terms, which a
+    row of one cancelling score (length 1) does not show."""
+    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert torch.equal(torch.isinf(got), torch.isinf(want)), f"{name}: -inf mask differs"
+    assert not torch.isnan(got).any(), f"{name}: NaN"
+    finite = torch.isfinite(want)
+    row_scale = torch.where(finite, want.abs(), 0.0).amax(dim=1, keepdim=True).clamp_min(1e-30)
+    if atol_scale == "batch":
+        row_scale = row_scale.amax().expand_as(row_scale)
+    error = torch.where(finite, (got - want).abs(), 0.0)
+    bound = 1e-5 * want.abs() + 1e-5 * row_scale
+    worst = (error / bound).max().item() if want.numel() else 0.0
+    assert worst <= 1.0, f"{name}: max error {error.max().item():.3e} is {worst:.2f}x the bound"
+
+
+def score_both(score, block_table, values, scales, key_format, rows, num_heads, block_size,
+               device, seed=7):
+    row_request, row_position, q, weights = make_rows(rows, num_heads, seed)
+    index_format, fp8_variant = key_format
+    args = (block_table, row_request, row_position)
+    got = score(q.to(device), weights.to(device), values.to(device), scales.to(device),
+                index_format, fp8_variant, *(a.to(device) for a in args), block_size)
+    want = indexer_score_torch(q, weights, values, scales, index_format, fp8_variant, *args,
+                               block_size)
+    return got.cpu(), want
+
+
+# Mixed batch: a decode row at position 0 (length 1), four verification rows of one request
+# (consecutive positions), prefill rows around block edges; requests interleaved.
+MIXED_ROWS = [(2, 129), (1, 33), (0, 0), (1, 34), (2, 0), (1, 35), (2, 64), (1, 36), (2, 127),
+              (2, 128), (2, 16), (2, 15)]
+
+
+@pytest.mark.parametrize("key_format", KEY_FORMATS, ids=lambda f: "keys_" + "_".join(f))
+@pytest.mark.parametrize("block_size", [16, 128], ids=lambda b: f"bs{b}")
+def test_indexer_score_triton_interpreter_mixed_rows(interpreted, block_size, key_format):
+    block_table, values, scales = build_cache([1, 37, 130], block_size, key_format, seed=3)
+    got, want = score_both(interpreted.indexer_score_triton, block_table, values, scales,
+                           key_format, MIXED_ROWS, 4, block_size, "cpu")
+    assert_scores_close("scores", got, want)
+
+
+@pytest.mark.parametrize("num_heads", [1, 32], ids=lambda h: f"H{h}")
+def test_indexer_score_triton_interpreter_decode_rows(interpreted, num_heads):
+    # One row per request (plain decode): rows of a program belong to different requests.
+    block_table, values, scales = build_cache([70, 5, 1, 66], 16, ("fp8", "e4m3fn"), seed=4)
+    rows = [(0, 69), (1, 4), (2, 0), (3, 65)]
+    got, want = score_both(interpreted.indexer_score_triton, block_table, values, scales,
+                           ("fp8", "e4m3fn"), rows, num_heads, 16, "cpu")
+    assert_scores_close("scores", got, want)
+
+
+def test_indexer_score_triton_interpreter_no_rows(interpreted):
+    block_table, values, scales = build_cache([3], 16, ("fp8", "e4m3fn"), seed=5)
+    got, want = score_both(interpreted.indexer_score_triton, block_table, values, scales,
+                           ("fp8", "e4m3fn"), [], 4, 16, "cpu")
+    assert got.shape == want.shape == (0, 0)
+
+
+def test_indexer_score_triton_rejects_wrong_head_weights(interpreted):
+    block_table, values, scales = build_cache([3], 16, ("fp8", "e4m3fn"), seed=6)
+    with pytest.raises(ValueError, match=r"head_weights must be \[Nq=1, H_I=4\], got \[1, 3\]"):
+        interpreted.indexer_score_triton(torch.zeros(1, 4, 128), torch.zeros(1, 3), values,
+                                         scales, "fp8", "e4m3fn", block_table,
+                                         torch.tensor([0]), torch.tensor([2]), 16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key_format", [("fp8", "e4m3fn"), ("mxfp4", "e4m3fn")],
+                         ids=lambda f: "keys_" + f[0])
+def test_indexer_score_triton_gpu_verification_rows(key_format):
+    from atomk31.triton_kernels.indexer_score import indexer_score_triton
+
+    # 8 requests x 4 verification rows, contexts from 1 to past top-k and past a block edge.
+    lengths = [1, 128, 129, 2049, 3000, 5000, 9000, 12289]
+    block_table, values, scales = build_cache(lengths, 128, key_format, seed=9)
+    rows = [(r, max(0, n - 4 + j)) for r, n in enumerate(lengths) for j in range(4)]
+    got, want = score_both(indexer_score_triton, block_table, values, scales, key_format,
+                           rows, 32, 128, "cuda")
+    assert_scores_close("scores", got, want, atol_scale="batch")

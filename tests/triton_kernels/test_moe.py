@@ -1,0 +1,119 @@
+"""Triton MoE routing, expert sort and MXFP4 grouped GEMMs vs the torch ops.
+
+CPU: Triton's interpreter at small shapes (fp32 activations); GPU (``-m gpu``): the proxy's
+shapes (latent 3584, intermediate 3072, 64 experts, top-16) with BF16 activations.
+"""
+
+import pytest
+import torch
+
+
+from atomk31.ops.moe import moe_experts_mxfp4_torch, moe_route_torch
+from atomk31.quant import quantize_mxfp4
+from atomk31.triton_kernels.moe_grouped_gemm import moe_experts_mxfp4_triton
+from atomk31.triton_kernels.moe_routing import moe_route_triton, sort_pairs_by_expert
+from assertions import assert_relative_close
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def router_inputs(num_tokens, hidden, num_experts, seed):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_tokens, hidden, generator=generator)
+    weight = torch.randn(num_experts, hidden, generator=generator) * 0.1
+    bias = torch.randn(num_experts, generator=generator) * 0.05
+    return x.to(DEVICE), weight.to(DEVICE), bias.to(DEVICE)
+
+
+@pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 16, 4), (7, 100, 16)],
+                         ids=["T1-E16-k4", "T7-E100-k16"])
+@pytest.mark.parametrize("renormalize", [True, False], ids=["renorm", "raw"])
+def test_moe_route_triton_matches_torch(num_tokens, num_experts, top_k, renormalize):
+    x, weight, bias = router_inputs(num_tokens, 64, num_experts, seed=num_experts)
+    expected_w, expected_ids = moe_route_torch(x, weight, bias, top_k, renormalize, 2.5)
+    w, ids = moe_route_triton(x, weight, bias, top_k, renormalize, 2.5)
+    assert torch.equal(ids, expected_ids)
+    assert_relative_close("weights", w, expected_w, 1e-6)
+
+
+def test_moe_route_triton_ties_go_to_lower_expert_id():
+    x, weight, bias = router_inputs(3, 32, 8, seed=1)
+    weight[5], bias[5] = weight[2], bias[2]                    # experts 2 and 5 always tie
+    weight[2] += 10 * x.mean(0)                                # ... and rank high
+    weight[5] = weight[2]
+    _, ids = moe_route_triton(x, weight, bias, 4, True, 1.0)
+    _, expected_ids = moe_route_torch(x, weight, bias, 4, True, 1.0)
+    assert torch.equal(ids, expected_ids)
+    assert ((ids == 2).int().argmax(1) < (ids == 5).int().argmax(1)).all()
+
+
+def test_sort_pairs_by_expert_pads_each_expert_to_the_block():
+    topk_ids = torch.tensor([[3, 0], [3, 1], [0, 3]], dtype=torch.int32, device=DEVICE)
+    blocks = sort_pairs_by_expert(topk_ids, num_experts=5, block_m=2)
+    pairs, experts = blocks.pair_ids.tolist(), blocks.block_expert.tolist()
+    # expert 0: pairs 1, 4; expert 1: pair 3 (+ pad 6); expert 3: pairs 0, 2, 5 (+ pad).
+    assert pairs[:8] == [1, 4, 3, 6, 0, 2, 5, 6]
+    assert experts[:4] == [0, 1, 3, 3] and all(e == 5 for e in experts[4:])
+
+
+def expert_weights(num_experts, intermediate, latent, seed):
+    generator = torch.Generator().manual_seed(seed)
+    w13 = torch.randn(num_experts, 2 * intermediate, latent, generator=generator) * 0.05
+    w2 = torch.randn(num_experts, latent, intermediate, generator=generator) * 0.05
+    return [x.to(DEVICE) for x in (*quantize_mxfp4(w13), *quantize_mxfp4(w2))]
+
+
+@pytest.mark.parametrize("num_tokens,linear_beta", [(1, 25.0), (6, None)],
+                         ids=["T1-capped", "T6-uncapped"])
+def test_moe_experts_mxfp4_triton_matches_torch(num_tokens, linear_beta):
+    num_experts, top_k = 8, 3
+    w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(num_experts, 128, 256, seed=2)
+    x, router, bias = router_inputs(num_tokens, 256, num_experts, seed=3)
+    topk_weights, topk_ids = moe_route_torch(x, router, bias, top_k, True, 1.0)
+    expected = moe_experts_mxfp4_torch(x, topk_weights, topk_ids, w13_packed, w13_scales,
+                                       w2_packed, w2_scales, 4.0, linear_beta)
+    u = moe_experts_mxfp4_triton(x, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed,
+                                 w2_scales, 4.0, linear_beta)
+    assert_relative_close("u", u, expected, 1e-5)
+
+
+def test_moe_experts_mxfp4_triton_empty_batch_and_bad_weights():
+    w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(4, 128, 128, seed=4)
+    z = torch.zeros(0, 128, device=DEVICE)
+    ids = torch.zeros(0, 2, dtype=torch.int32, device=DEVICE)
+    u = moe_experts_mxfp4_triton(z, ids.float(), ids, w13_packed, w13_scales, w2_packed,
+                                 w2_scales, 4.0, 25.0)
+    assert u.shape == (0, 128)
+    with pytest.raises(ValueError, match=r"w2_scales must be contiguous uint8 \[4, 128, 4\]"):
+        moe_experts_mxfp4_triton(z, ids.float(), ids, w13_packed, w13_scales, w2_packed,
+                                 w2_scales[:, :, :2], 4.0, 25.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens", [1, 16, 300], ids=lambda n: f"T{n}")
+def test_moe_experts_mxfp4_triton_proxy_shapes_gpu(num_tokens):
+    w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(64, 3072, 3584, seed=5)
+    x, router, bias = router_inputs(num_tokens, 3584, 64, seed=6)
+    topk_weights, topk_ids = moe_route_triton(x, router, bias, 16, True, 1.0)
+    expected_w, expected_ids = moe_route_torch(x, router, bias, 16, True, 1.0)
+    assert torch.equal(topk_ids, expected_ids)
+    z = x.bfloat16()
+    expected = moe_experts_mxfp4_torch(z, topk_weights, topk_ids, w13_packed, w13_scales,
+                                       w2_packed, w2_scales, 4.0, 25.0)
+    u = moe_experts_mxfp4_triton(z, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed,
+                                 w2_scales, 4.0, 25.0)
+    # BF16 products vs fp32 products of the same BF16 activations; SiTU output BF16 in both.
+    assert_relative_close("u", u, expected, 1e-2)
+
+
+@pytest.mark.gpu
+def test_moe_experts_mxfp4_triton_dot_scaled_gpu():
+    w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(16, 256, 512, seed=7)
+    x, router, bias = router_inputs(20, 512, 16, seed=8)
+    topk_weights, topk_ids = moe_route_torch(x, router, bias, 4, True, 1.0)
+    z = x.bfloat16()
+    expected = moe_experts_mxfp4_triton(z, topk_weights, topk_ids, w13_packed, w13_scales,
+                                        w2_packed, w2_scales, 4.0, 25.0)
+    u = moe_experts_mxfp4_triton(z, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed,
+                                 w2_scales, 4.0, 25.0, use_dot_scaled=True)
+    assert_relative_close("u (dot_scaled)", u, expected, 1e-2)
