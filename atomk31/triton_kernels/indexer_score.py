@@ -22,6 +22,7 @@ dequantized values. Under the interpreter the products run in fp32 (its bf16 dot
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.jit import JITFunction
 
 from atomk31.triton_kernels.kv_write import (
     FP8_INDEX_AMAX_FLOOR,
@@ -171,7 +172,8 @@ def indexer_score_triton(
     q [Nq, H_I, 128], head_weights [Nq, H_I], index_values / index_scales one layer's key
     pages (contiguous last dim), block_table [N, max_blocks], row_request / row_position [Nq].
     `use_fp8_dot` runs the products on the fp8 tensor cores instead (e4m3fn keys only): twice
-    the rate, but Hopper accumulates fp8 products with ~14 bits, outside the op's tolerance.
+    the rate, but Hopper accumulates fp8 products with ~14 bits (on an H200: ~5e-5 apart from
+    the bf16 path at scores of ~3, past the op's 1e-5), so the registered op does not use it.
     """
     del fp8_variant  # the dtype of index_values says it
     num_rows = row_request.shape[0]
@@ -201,7 +203,9 @@ def indexer_score_triton(
     if q.stride(-1) != 1:
         q = q.contiguous()
 
-    is_interpreter = q.device.type == "cpu"
+    # Triton's interpreter (TRITON_INTERPRET=1 at import) runs fp32 products (its bf16 dot
+    # is wrong) on small tiles; a compile-only driver still gets the GPU configuration.
+    is_interpreter = not isinstance(indexer_score_kernel, JITFunction)
     # Rows per program: about the rows of one request (host-known Nq / N), at least 16 query
     # vectors (the smallest tensor-core product) and at most MAX_QUERY_VECTORS.
     rows_per_request = triton.cdiv(num_rows, max(1, block_table.shape[0]))
@@ -238,4 +242,7 @@ def indexer_score_triton(
 
 
 def _num_sms(device: torch.device) -> int:
+    """Multiprocessors of a CUDA / ROCm device; 1 off a GPU (interpreter, compile checks)."""
+    if device.type != "cuda":
+        return 1
     return torch.cuda.get_device_properties(device).multi_processor_count

@@ -26,6 +26,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.jit import JITFunction
 
 LATENT_DIM = 576
 VALUE_DIM = 512
@@ -181,7 +182,9 @@ def launch_mla(
         return out, lse
     if q.stride(-1) != 1:
         q = q.contiguous()
-    is_interpreter = device.type == "cpu"
+    # Triton's interpreter (TRITON_INTERPRET=1 at import) runs fp32 products (its bf16 dot
+    # is wrong) on small tiles; a compile-only driver still gets the GPU configuration.
+    is_interpreter = not isinstance(sparse_mla_kernel, JITFunction)
     if block_h is None:
         block_h = 16 if is_interpreter else 64
     block_h = max(16, min(block_h, triton.next_power_of_2(num_heads)))
@@ -189,7 +192,8 @@ def launch_mla(
     if block_n is None:
         # Measured on an H200 (benchmarks/kernels/bench_sparse_mla.py): 64 keys per step win
         # with many (row, head-block) programs, 32 with few (more splits, shorter chains).
-        block_n = 16 if is_interpreter else 64 if num_rows * num_head_blocks >= 64 else 32
+        is_busy = block_h >= 64 and num_rows * num_head_blocks >= 64
+        block_n = 16 if is_interpreter else 64 if is_busy else 32
     num_key_tiles = max(1, triton.cdiv(max_keys, block_n))
     if num_splits is None:
         # At most one wave of programs over the multiprocessors (one program fills one),
@@ -272,4 +276,7 @@ def sparse_mla_triton(
 
 
 def _num_sms(device: torch.device) -> int:
+    """Multiprocessors of a CUDA / ROCm device; 1 off a GPU (interpreter, compile checks)."""
+    if device.type != "cuda":
+        return 1
     return torch.cuda.get_device_properties(device).multi_processor_count

@@ -22,6 +22,7 @@ scores), step 4 rescans the row for each bisection step instead: slow, still exa
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.jit import JITFunction
 
 MAX_K = 4096  # the final sort holds the k chosen positions of a row in one program
 MAX_GROUPS = 16384  # group maxima per row, bisected in registers
@@ -294,7 +295,7 @@ def topk_triton(
     if scores.stride(-1) != 1:
         scores = scores.contiguous()
     device = scores.device
-    is_interpreter = device.type == "cpu"
+    is_interpreter = not isinstance(topk_finish_kernel, JITFunction)  # TRITON_INTERPRET=1
     block = 64 if is_interpreter else BLOCK
     # Groups of G positions: the fewest that keep the maxima of a row within MAX_GROUPS.
     group = triton.next_power_of_2(triton.cdiv(max(num_positions, 1), max_groups))
@@ -338,4 +339,7 @@ def topk_triton(
 
 
 def _num_sms(device: torch.device) -> int:
+    """Multiprocessors of a CUDA / ROCm device; 1 off a GPU (interpreter, compile checks)."""
+    if device.type != "cuda":
+        return 1
     return torch.cuda.get_device_properties(device).multi_processor_count
