@@ -51,11 +51,13 @@ def ptpc_quantize_kernel(
         o_k = k0 + tl.arange(0, BLOCK_K)
         b_x = tl.load(p_x + o_k, mask=o_k < K, other=0.0).to(tl.float32)
         b_amax = tl.maximum(b_amax, tl.abs(b_x))
-    b_scale = tl.maximum(tl.max(b_amax, axis=0), MIN_AMAX) / fp8_max
+    # IEEE divisions (div_rn): compiled `/` is approximate on NVIDIA and would move values
+    # across FP8 rounding boundaries, away from the torch op's bytes
+    b_scale = tl.math.div_rn(tl.maximum(tl.max(b_amax, axis=0), MIN_AMAX), fp8_max)
     for k0 in range(0, K, BLOCK_K):
         o_k = k0 + tl.arange(0, BLOCK_K)
         b_x = tl.load(p_x + o_k, mask=o_k < K, other=0.0).to(tl.float32)
-        b_q = tl.clamp(b_x / b_scale, -fp8_max, fp8_max)
+        b_q = tl.clamp(tl.math.div_rn(b_x, b_scale), -fp8_max, fp8_max)
         if ROUND_FIRST:
             b_q = round_to_e4m3_grid(b_q, MIN_EXPONENT)
         tl.store(q_ptr + i_m * K + o_k, b_q.to(q_ptr.dtype.element_ty), mask=o_k < K)
