@@ -225,6 +225,9 @@ class EngineConfig:
     snapshot_fraction: float = 0.1      # share of the cache budget kept for KDA prefix snapshots
     max_num_waiting: int = 1024         # beyond this the server answers 503
     seed: int = 0
+    # PTPC-FP8 online quantization of BF16 linears at load (§6.5), ATOM's JSON shape:
+    # {"global_quant_config": "ptpc_fp8", "exclude_layer": [...]}; None = weights as stored
+    online_quant_config: dict | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -251,6 +254,13 @@ class EngineConfig:
             problems.append(f"kv_cache_memory must be a positive byte count, got {self.kv_cache_memory}")
         if not 0 <= self.snapshot_fraction < 1:
             problems.append(f"snapshot_fraction must be in [0, 1), got {self.snapshot_fraction}")
+        if self.online_quant_config is not None:
+            from atomk31.quant.ptpc import parse_online_quant_config
+
+            try:
+                parse_online_quant_config(self.online_quant_config)
+            except ValueError as e:
+                problems.append(f"online_quant_config: {e}")
         if problems:
             raise ConfigError(problems, source="engine options")
 

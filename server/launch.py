@@ -10,8 +10,10 @@ directory on first use, so it runs on any machine.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from atomk31.config import (
@@ -72,6 +74,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
               "--gpu-memory-utilization)", value_type=int, default=DEFAULTS.kv_cache_memory)
     _add_flag(parser, "device", "torch device (default: cuda if available, else cpu)",
               default=DEFAULTS.device)
+    _add_flag(parser, "online_quant_config", "PTPC-FP8 online quantization of the BF16 "
+              "linears at load: ATOM's JSON ({\"global_quant_config\": \"ptpc_fp8\", "
+              "\"exclude_layer\": [...]}), inline or a path to a .json file", default=None)
     parser.add_argument("--enable-prefix-caching", "--enable_prefix_caching",
                         dest="enable_prefix_caching", action="store_true",
                         default=DEFAULTS.enable_prefix_caching,
@@ -90,7 +95,25 @@ def engine_config_from_args(args: argparse.Namespace, model: str) -> EngineConfi
         enable_prefix_caching=args.enable_prefix_caching, kv_cache_dtype=args.kv_cache_dtype,
         index_cache_dtype=args.index_cache_dtype, device=args.device,
         gpu_memory_utilization=args.gpu_memory_utilization,
-        kv_cache_memory=args.kv_cache_memory, max_num_waiting=args.max_num_waiting)
+        kv_cache_memory=args.kv_cache_memory, max_num_waiting=args.max_num_waiting,
+        online_quant_config=_json_object(args.online_quant_config, "--online-quant-config"))
+
+
+def _json_object(value: str | None, flag: str) -> dict | None:
+    """A flag's JSON object, given inline or as a path to a .json file."""
+    if value is None:
+        return None
+    text = value
+    if not value.lstrip().startswith("{"):
+        try:
+            text = Path(value).read_text()
+        except OSError as e:
+            raise ConfigError([f"{flag}: neither inline JSON nor a readable file: {e}"],
+                              source="serve flags") from e
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError([f"{flag}: not valid JSON: {e}"], source="serve flags") from e
 
 
 def serve(args: argparse.Namespace) -> int:

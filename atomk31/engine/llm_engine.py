@@ -29,6 +29,7 @@ from atomk31.engine.sequence import Sequence, SequenceStatus
 from atomk31.engine.stop_checker import StopChecker
 from atomk31.model import K31Model
 from atomk31.ops import select_ops
+from atomk31.quant.ptpc import quantize_linears_ptpc
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,9 @@ class LLMEngine:
         for op, backend, note in self.ops.describe():
             logger.debug("op %-20s -> %s %s", op, backend, note)
         tensors = load_checkpoint(options.model, self.model_config)
+        if options.online_quant_config is not None:
+            tensors = quantize_linears_ptpc(tensors, options.online_quant_config,
+                                            self.config.fp8_variant)
         self.model = K31Model(self.model_config, tensors, self.ops, self.config.compute_dtype,
                               device, self.config.index_cache_format, self.config.fp8_variant)
         self.stop_checker = StopChecker(self.tokenizer, self._eos_token_ids(options.model))

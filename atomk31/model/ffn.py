@@ -19,12 +19,13 @@ class DenseMLP:
         self.ops = ops
         self.beta = config.activation_situ_beta
         self.linear_beta = config.activation_situ_linear_beta
-        self.w_gate_up = weights.take_cat([prefix + "gate_proj.weight", prefix + "up_proj.weight"])
-        self.w_down = weights.take(prefix + "down_proj.weight")
+        self.gate_up_proj = weights.take_linear(
+            [prefix + "gate_proj.weight", prefix + "up_proj.weight"], ops)
+        self.down_proj = weights.take_linear(prefix + "down_proj.weight", ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = (x @ self.w_gate_up.T).chunk(2, dim=-1)
-        return self.ops.situ_glu(gate, up, self.beta, self.linear_beta) @ self.w_down.T
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(self.ops.situ_glu(gate, up, self.beta, self.linear_beta))
 
 
 class LatentMoE:

@@ -32,17 +32,19 @@ class MLAMixer:
         self.kv_rank = config.kv_lora_rank
         self.softmax_scale = (config.qk_nope_head_dim + config.qk_rope_head_dim) ** -0.5
         self.has_gate = config.mla_use_output_gate
-        self.w_q_a = weights.take(a + "q_a_proj.weight")
+        self.q_a_proj = weights.take_linear(a + "q_a_proj.weight", ops)
         self.q_a_norm = weights.take(a + "q_a_layernorm.weight")
-        self.w_q_b = weights.take(a + "q_b_proj.weight")
-        self.w_kv_a = weights.take(a + "kv_a_proj_with_mqa.weight")
+        self.q_b_proj = weights.take_linear(a + "q_b_proj.weight", ops)
+        self.kv_a_proj = weights.take_linear(a + "kv_a_proj_with_mqa.weight", ops)
         self.kv_a_norm = weights.take(a + "kv_a_layernorm.weight")
         # kv_b rows are head-major [k_nope 128 | v 128] (§3.2): split into the absorbed factors
-        kv_b = weights.take(a + "kv_b_proj.weight").view(self.num_heads, -1, self.kv_rank)
+        # (never applied as a linear, so a PTPC-quantized kv_b is used weight-only)
+        kv_b = weights.take_linear(a + "kv_b_proj.weight", ops).dequantized(weights.dtype)
+        kv_b = kv_b.view(self.num_heads, -1, self.kv_rank)
         self.w_uk = kv_b[:, : self.nope_dim].contiguous()                 # [H, 128, 512]
         self.w_uv = kv_b[:, self.nope_dim:].contiguous()                  # [H, 128, 512]
-        self.w_gate = weights.take(a + "g_proj.weight") if self.has_gate else None
-        self.w_out = weights.take(a + "o_proj.weight")
+        self.g_proj = weights.take_linear(a + "g_proj.weight", ops) if self.has_gate else None
+        self.o_proj = weights.take_linear(a + "o_proj.weight", ops)
         self.index_topk = config.index_topk
         if config.has_indexer:
             i = a + "indexer."
@@ -60,9 +62,9 @@ class MLAMixer:
         """x: [T, D] normed layer input -> [T, D]; writes the batch's rows into `cache`."""
         ops, H = self.ops, self.num_heads
         T = x.shape[0]
-        cq = ops.rms_norm(x @ self.w_q_a.T, self.q_a_norm, LATENT_NORM_EPS)
-        q = (cq @ self.w_q_b.T).view(T, H, -1)                            # [T, H, 192]
-        kv = x @ self.w_kv_a.T                                            # [T, 576]
+        cq = ops.rms_norm(self.q_a_proj(x), self.q_a_norm, LATENT_NORM_EPS)
+        q = self.q_b_proj(cq).view(T, H, -1)                           # [T, H, 192]
+        kv = self.kv_a_proj(x)                                           # [T, 576]
         latent = torch.cat([ops.rms_norm(kv[:, : self.kv_rank], self.kv_a_norm, LATENT_NORM_EPS),
                             kv[:, self.kv_rank:]], dim=-1)
         index_key = None
@@ -84,9 +86,9 @@ class MLAMixer:
             o_latent, _ = ops.sparse_mla(q_abs, cache.latent, cache.latent_scale, slots,
                                          self.softmax_scale)
         o = torch.einsum("thc,hdc->thd", o_latent.to(x.dtype), self.w_uv)  # [T, H, 128]
-        if self.w_gate is not None:
-            o = o * torch.sigmoid(x @ self.w_gate.T).view(T, H, self.v_dim)
-        return o.reshape(T, H * self.v_dim) @ self.w_out.T
+        if self.g_proj is not None:
+            o = o * torch.sigmoid(self.g_proj(x)).view(T, H, self.v_dim)
+        return self.o_proj(o.reshape(T, H * self.v_dim))
 
     def _select(self, x: torch.Tensor, cq: torch.Tensor, batch: ForwardBatch,
                 cache: MLACacheView) -> torch.Tensor:

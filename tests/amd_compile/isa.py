@@ -33,8 +33,15 @@ def check_no_scratch(name: str, report: dict) -> None:
         f"{name}: spills registers ({report})")
 
 
+def unified_vgprs(report: dict) -> int:
+    """Registers per lane out of the unified file: on gfx90a and later (gfx942, gfx950) the
+    metadata's ``.vgpr_count`` already is arch VGPRs plus AGPRs (the listing's
+    "TotalNumVgprs"); ``.agpr_count`` is the AGPR part of it, not an addition."""
+    return report["vgpr_count"] or 0
+
+
 def check_registers(name: str, report: dict, max_registers: int) -> None:
     """VGPRs + AGPRs within the occupancy the kernel was designed for."""
-    used = (report["vgpr_count"] or 0) + (report["agpr_count"] or 0)
+    used = unified_vgprs(report)
     assert used <= max_registers, (
         f"{name}: {used} VGPR+AGPR per lane, over the design budget of {max_registers}")

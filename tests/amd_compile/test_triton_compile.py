@@ -3,11 +3,14 @@
 capture_triton_isa.py runs each launcher of triton_launch_examples.py under a compile-only
 driver (one subprocess per architecture, both at once, with TRITON_INTERPRET removed from
 its environment) and reports the ISA of every kernel it compiled. Checks: every `*_kernel` is
-reached by an example; no launcher fails; kernels that call tl.dot use MFMA; no scratch, no
-spills; VGPR+AGPR within two waves per SIMD unless REGISTER_BUDGET says otherwise.
+reached by an example; no launcher fails; kernels that call tl.dot use MFMA, and the MXFP4
+dot_scaled paths scaled MFMA (v_mfma_scale_*) on gfx950; no scratch, no spills; the unified
+VGPR count (arch VGPRs + AGPRs) within two waves per SIMD unless REGISTER_BUDGET says
+otherwise.
 
-KNOWN_FAILURES lists what these checks found in kernels owned elsewhere (xfail, not strict,
-so a fix turns the test green): remove an entry when its kernel is fixed.
+KNOWN_FAILURES lists what these checks find today in kernels owned elsewhere, with the ISA
+reason. They are strict xfails: when a kernel is fixed its test fails as XPASS, and the
+entry must go.
 """
 
 import inspect
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from amd_compile.isa import TWO_WAVES_PER_SIMD
+from amd_compile.isa import TWO_WAVES_PER_SIMD, unified_vgprs
 
 SCRIPT = Path(__file__).with_name("capture_triton_isa.py")
 ARCHS = ("gfx950", "gfx942")
@@ -28,17 +31,31 @@ CAPTURE_TIMEOUT_S = 600
 # Kernels designed for fewer waves per SIMD than two (none yet).
 REGISTER_BUDGET: dict[str, int] = {}
 
-# (arch or "*", example or kernel name) -> what the check found, for kernels owned elsewhere.
+# Examples whose products must run on scaled MFMA (MXFP4 with E8M0 scales), per architecture.
+SCALED_MFMA_EXAMPLES: dict[str, set[str]] = {"gfx950": {"moe_experts_mxfp4[dot_scaled]"}}
+
+# (arch or "*", example) -> what the check found (measured with triton 3.x, this repo's
+# kernels); for kernels owned elsewhere. Strict: a fixed kernel turns its test red (XPASS).
 KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    ("*", "kda_decode"): "kda_recurrent_kernel reads the non-constexpr global L2_NORM_EPS, "
-                         "which only the interpreter accepts",
-    ("*", "kda_verify"): "same kernel as kda_decode (L2_NORM_EPS global)",
-    ("*", "kda_prefill"): "kda_prefill_intra_kernel reads a non-constexpr global",
-    ("*", "indexer_score[fp8]"): "fp32 tl.dot: 32x32x2 f32 MFMA, 128 KiB LDS (over gfx942's "
-                                 "64 KiB), VGPR spills to scratch",
-    ("*", "indexer_score[mxfp4]"): "same as indexer_score[fp8]",
-    ("gfx950", "indexer_score[fp8, fp8 dot]"): "364 VGPR+AGPR per lane: one wave per SIMD",
-    ("gfx942", "kv_write[fp8 latent, mxfp4 keys]"): "kv_write_kernel spills 10 SGPRs",
+    ("*", "kda_prefill"): "kda_prefill_intra_kernel 298 VGPRs (one wave per SIMD); "
+                          "kda_prefill_state_kernel 287 (gfx950) / 353 (gfx942) VGPRs, ~25 "
+                          "SGPR spills, and 80 KiB LDS on gfx942 (over its 64 KiB). Compiled "
+                          "with the launcher's CPU choice DOT_PRECISION='ieee'",
+    ("gfx942", "indexer_score[fp8]"): "indexer_score_kernel at the 256-VGPR cap of 8 warps: "
+                                      "13 VGPRs spilled, 56 B scratch",
+    ("gfx942", "indexer_score[mxfp4]"): "indexer_score_kernel: 3 VGPRs spilled, 16 B scratch",
+    ("gfx942", "sparse_mla[fp8 cache]"): "sparse_mla_kernel (BLOCK_H=64, 8 warps): 64 VGPRs "
+                                         "spilled, 236 B scratch",
+    ("gfx950", "dense_mla"): "sparse_mla_kernel in dense mode over a bf16 cache: 256 VGPRs "
+                             "(128 + 128 AGPRs, the 8-warp cap), 43 spilled, 176 B scratch",
+    ("*", "topk"): "topk_finish_kernel spills ~150 SGPRs (into VGPR lanes; no scratch)",
+    ("*", "topk[slots]"): "topk_finish_kernel spills ~155 SGPRs (into VGPR lanes; no scratch)",
+    ("gfx942", "ptpc_linear[prefill]"): "ptpc_gemm_kernel 128x128x128 tiles, 4 stages: 96 KiB "
+                                        "LDS, over gfx942's 64 KiB (OutOfResources)",
+    ("gfx950", "moe_experts_mxfp4[dot_scaled]"): "tl.dot_scaled of bf16 activations with e2m1 "
+                                                 "weights is decomposed to v_mfma_f32_16x16x32_"
+                                                 "bf16: no v_mfma_scale_* (needs f8/f6/f4 on "
+                                                 "both sides)",
 }
 
 
@@ -62,60 +79,69 @@ def reports(tmp_path_factory) -> dict[str, dict]:
     return results
 
 
-def _xfail_if_known(request: pytest.FixtureRequest, arch: str, name: str) -> None:
-    reason = KNOWN_FAILURES.get((arch, name)) or KNOWN_FAILURES.get(("*", name))
-    if reason is not None:
-        request.applymarker(pytest.mark.xfail(reason=reason, strict=False))
+def _known_failure(arch: str, example: str) -> str | None:
+    return KNOWN_FAILURES.get((arch, example)) or KNOWN_FAILURES.get(("*", example))
 
 
-def _examples() -> list[str]:
+def _cases() -> list:
+    """(arch, example) pairs, the known failures marked strict xfail."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from triton_launch_examples import EXAMPLES
 
-    return list(EXAMPLES)
+    cases = []
+    for example in EXAMPLES:
+        for arch in ARCHS:
+            reason = _known_failure(arch, example)
+            marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+            cases.append(pytest.param(arch, example, marks=marks, id=f"{example}-{arch}"))
+    return cases
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_triton_kernel_is_reached_by_an_example(reports, arch):
-    """Kernels no example reaches are reported (xfail with their names), not failed: the
-    Triton kernels are written in parallel with these checks and gain examples as they land."""
     report = reports[arch]
-    attempted = {c["kernel"] for c in report["compiled"]}
-    # A kernel whose example failed (a known failure) was attempted, not forgotten.
-    attempted |= {k for k in report["kernels"]
-                  for name in report["errors"] if name.split("[")[0] in k}
-    missing = [k for k in report["kernels"] if k not in attempted]
-    if missing:
-        pytest.xfail(f"{arch}: no launch example reaches {missing}; add them to "
-                     "tests/amd_compile/triton_launch_examples.py")
+    compiled = {c["kernel"] for c in report["compiled"]}
+    missing = [k for k in report["kernels"] if k not in compiled]
+    assert not missing, (f"{arch}: no launch example compiles {missing}; add them to "
+                         "tests/amd_compile/triton_launch_examples.py")
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("example", _examples())
-def test_triton_launcher_compiles_for_amd(reports, arch, example, request):
-    _xfail_if_known(request, arch, example)
+def test_known_failures_name_existing_examples():
+    """A stale KNOWN_FAILURES key (a renamed example) would silently stop checking."""
+    examples = {case.values[1] for case in _cases()}
+    stale = [key for key in KNOWN_FAILURES if key[1] not in examples or
+             key[0] not in (*ARCHS, "*")]
+    assert not stale, f"KNOWN_FAILURES entries for no (arch, example): {stale}"
+
+
+@pytest.mark.parametrize("arch, example", _cases())
+def test_triton_launcher_compiles_for_amd(reports, arch, example):
     report = reports[arch]
     assert example not in report["errors"], f"{example} on {arch}: {report['errors'][example]}"
     compiled = [c for c in report["compiled"] if c["example"] == example]
     if not compiled:
         pytest.skip(f"{example} compiles nothing on {arch} (not applicable there)")
-    import atomk31.triton_kernels as package  # noqa: F401  (sources for the tl.dot check)
-
     for kernel in compiled:
         name = f"{kernel['kernel']} ({example}) on {arch}"
         if _calls_dot(kernel["kernel"]):
             assert kernel["mfma"], f"{name}: multiplies matrices (tl.dot) but has no MFMA"
+        if example in SCALED_MFMA_EXAMPLES.get(arch, ()):
+            assert any(m.startswith("v_mfma_scale") for m in kernel["mfma"]), (
+                f"{name}: an MXFP4 dot_scaled path without scaled MFMA, only {kernel['mfma']}")
         assert kernel["private_segment_fixed_size"] == 0, (
             f"{name}: {kernel['private_segment_fixed_size']} B of scratch per lane "
             f"({kernel['vgpr_spill_count']} VGPRs spilled)")
-        assert not kernel["vgpr_spill_count"] and not kernel["sgpr_spill_count"], name
+        assert not kernel["vgpr_spill_count"] and not kernel["sgpr_spill_count"], (
+            f"{name}: spills {kernel['vgpr_spill_count']} VGPRs, "
+            f"{kernel['sgpr_spill_count']} SGPRs")
         budget = REGISTER_BUDGET.get(kernel["kernel"], TWO_WAVES_PER_SIMD)
-        used = (kernel["vgpr_count"] or 0) + (kernel["agpr_count"] or 0)
-        assert used <= budget, f"{name}: {used} VGPR+AGPR per lane, budget {budget}"
+        used = unified_vgprs(kernel)
+        assert used <= budget, f"{name}: {used} VGPRs (arch + AGPR) per lane, budget {budget}"
 
 
 def _calls_dot(kernel_name: str) -> bool:
-    """Whether the kernel's module uses tl.dot (its kernels multiply matrices)."""
+    """Whether the kernel multiplies matrices: its source, or that of a JIT helper of its
+    module it calls (transitively), has tl.dot / tl.dot_scaled."""
     import importlib
     import pkgutil
 
@@ -123,6 +149,20 @@ def _calls_dot(kernel_name: str) -> bool:
 
     for info in pkgutil.iter_modules(package.__path__):
         module = importlib.import_module(f"{package.__name__}.{info.name}")
-        if kernel_name in vars(module):
-            return "tl.dot(" in inspect.getsource(module)
+        if kernel_name not in vars(module):
+            continue
+        sources = {name: inspect.getsource(getattr(value, "fn", value))
+                   for name, value in vars(module).items()
+                   if hasattr(value, "fn") and getattr(value, "__module__", None) ==
+                   module.__name__}
+        seen, pending = set(), [kernel_name]
+        while pending:
+            name = pending.pop()
+            if name in seen or name not in sources:
+                continue
+            seen.add(name)
+            if "tl.dot(" in sources[name] or "tl.dot_scaled(" in sources[name]:
+                return True
+            pending += [other for other in sources if f"{other}(" in sources[name]]
+        return False
     return False

@@ -133,6 +133,152 @@ def short_conv() -> None:
                             torch.tensor([[0, 2], [1, 5]]))
 
 
+def _fp8_dtype() -> torch.dtype:
+    return {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}[_fp8_variant()]
+
+
+def attn_res() -> None:
+    from atomk31.triton_kernels.attn_res import attn_res_triton
+
+    hidden_size = 7168  # the model's D (§2): one program holds a whole row
+    attn_res_triton(torch.randn(3, 5, hidden_size, dtype=torch.bfloat16),
+                    torch.randn(hidden_size), torch.randn(hidden_size), 1e-6)
+
+
+def gated_rms_norm() -> None:
+    from atomk31.triton_kernels.gated_rms_norm import gated_rms_norm_triton
+
+    x, gate = (torch.randn(5, KDA_HEADS, HEAD_DIM, dtype=torch.bfloat16) for _ in range(2))
+    gated_rms_norm_triton(x, gate, torch.randn(HEAD_DIM), 1e-6)
+
+
+def gated_rms_norm_fp8() -> None:
+    from atomk31.triton_kernels.gated_rms_norm import gated_rms_norm_fp8_triton
+
+    x, gate = (torch.randn(5, KDA_HEADS, HEAD_DIM, dtype=torch.bfloat16) for _ in range(2))
+    gated_rms_norm_fp8_triton(x, gate, torch.randn(HEAD_DIM), 1e-6, _fp8_dtype())
+
+
+def ptpc_linear(num_tokens: int, in_features: int) -> Callable[[], None]:
+    """The quantizer, then the FP8 GEMM with the launcher's tile choice for ``num_tokens``
+    (3 tokens over K=4096: decode tiles with split K; 300: the 128x128 tiles).
+
+    The GEMM is launched here with the launcher's arguments, not through
+    ``ptpc_linear_quantized_triton``: that launcher picks its fp32 interpreter path for CPU
+    tensors (DOT_FP32), and the check is about the FP8 path a GPU runs."""
+    def run() -> None:
+        import triton
+
+        from atomk31.triton_kernels.ptpc_fp8 import (pick_config, ptpc_gemm_kernel,
+                                                     ptpc_quantize_triton)
+
+        out_features = 256
+        a, a_scale = ptpc_quantize_triton(
+            torch.randn(num_tokens, in_features, dtype=torch.bfloat16), _fp8_dtype())
+        w_q = torch.zeros(out_features, in_features, dtype=_fp8_dtype())
+        config = pick_config(num_tokens, out_features, in_features)
+        c = torch.empty(num_tokens, out_features,
+                        dtype=torch.float32 if config.split_k > 1 else torch.bfloat16)
+        grid = (triton.cdiv(num_tokens, config.block_m) * triton.cdiv(out_features,
+                                                                      config.block_n),
+                config.split_k)
+        ptpc_gemm_kernel[grid](
+            a, w_q, a_scale, torch.ones(out_features), c, num_tokens, out_features,
+            in_features, a.stride(0), w_q.stride(0), c.stride(0),
+            BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+            GROUP_M=config.group_m, SPLIT_K=config.split_k, DOT_FP32=False,
+            num_warps=config.num_warps, num_stages=config.num_stages)
+    return run
+
+
+def moe_route() -> None:
+    from atomk31.triton_kernels.moe_routing import moe_route_triton
+
+    num_experts, hidden_size = 64, 256
+    moe_route_triton(torch.randn(4, hidden_size, dtype=torch.bfloat16),
+                     torch.randn(num_experts, hidden_size), torch.zeros(num_experts), 8,
+                     True, 2.5)
+
+
+def moe_experts(use_dot_scaled: bool) -> Callable[[], None]:
+    """Both grouped GEMMs with the arguments of ``moe_experts_mxfp4_triton`` (launched here:
+    that launcher takes its fp32 interpreter path for CPU tensors). The dot_scaled path only
+    where MX tensor cores exist (gfx950)."""
+    def run() -> None:
+        import triton
+
+        from atomk31.triton_kernels.moe_grouped_gemm import (moe_down_kernel,
+                                                             moe_gate_up_kernel, pick_block_m)
+        from atomk31.triton_kernels.moe_routing import sort_pairs_by_expert
+
+        if use_dot_scaled and _fp8_variant() == "e4m3fnuz":
+            return  # gfx942 has no scaled MFMA
+        num_experts, intermediate_size, latent_size, top_k = 4, 256, 256, 2
+        topk_ids = torch.tensor([[0, 1], [2, 3], [1, 0], [3, 2], [0, 2]], dtype=torch.int32)
+        num_tokens, num_pairs = topk_ids.shape[0], topk_ids.numel()
+        block_m, block_n, block_k = pick_block_m(num_pairs, num_experts), 64, 128
+        w13 = torch.zeros(num_experts, 2 * intermediate_size, latent_size // 2,
+                          dtype=torch.uint8)
+        w13_scales = torch.full((num_experts, 2 * intermediate_size, latent_size // 32), 127,
+                                dtype=torch.uint8)
+        w2 = torch.zeros(num_experts, latent_size, intermediate_size // 2, dtype=torch.uint8)
+        w2_scales = torch.full((num_experts, latent_size, intermediate_size // 32), 127,
+                               dtype=torch.uint8)
+        z = torch.randn(num_tokens, latent_size, dtype=torch.bfloat16)
+        blocks = sort_pairs_by_expert(topk_ids, num_experts, block_m)
+        hidden = torch.empty(blocks.num_blocks_max * block_m, intermediate_size,
+                             dtype=z.dtype)
+        u = torch.zeros(num_tokens, latent_size)
+        meta = dict(E=num_experts, F=intermediate_size, DL=latent_size, TOP_K=top_k,
+                    BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                    USE_DOT_SCALED=use_dot_scaled, DOT_FP32=False, num_warps=4, num_stages=3)
+        moe_gate_up_kernel[(blocks.num_blocks_max, triton.cdiv(intermediate_size, block_n))](
+            z, blocks.pair_ids, blocks.block_expert, w13, w13_scales, hidden, num_pairs,
+            z.stride(0), 10.0, 10.0, HAS_LINEAR_CAP=True, **meta)
+        moe_down_kernel[(blocks.num_blocks_max, triton.cdiv(latent_size, block_n))](
+            hidden, blocks.pair_ids, blocks.block_expert, w2, w2_scales,
+            torch.rand(num_tokens, top_k), u, num_pairs, **meta)
+    return run
+
+
+def sparse_mla() -> None:
+    """FP8 latent cache, 256 selected slots: two key splits, so the combine compiles too."""
+    from atomk31.triton_kernels.sparse_mla import sparse_mla_triton
+
+    num_rows, num_heads, num_blocks, block_size = 2, 16, 4, 64
+    latent_cache = torch.zeros(num_blocks, block_size, 576, dtype=_fp8_dtype())
+    slots = torch.randint(0, num_blocks * block_size, (num_rows, 256))
+    sparse_mla_triton(torch.randn(num_rows, num_heads, 576, dtype=torch.bfloat16),
+                      latent_cache, 1.0, slots, 576 ** -0.5, num_splits=2, block_n=32)
+
+
+def dense_mla() -> None:
+    from atomk31.triton_kernels.dense_mla import dense_mla_triton
+
+    num_heads, num_blocks, block_size = 16, 2, 64
+    latent_cache = torch.zeros(num_blocks, block_size, 576, dtype=torch.bfloat16)
+    dense_mla_triton(torch.randn(3, num_heads, 576, dtype=torch.bfloat16), latent_cache, 1.0,
+                     torch.arange(num_blocks, dtype=torch.int32)[None],
+                     torch.zeros(3, dtype=torch.int32), torch.tensor([0, 70, 127]),
+                     block_size, 576 ** -0.5)
+
+
+def topk(with_slots: bool) -> Callable[[], None]:
+    def run() -> None:
+        from atomk31.triton_kernels.topk import topk_triton
+
+        num_rows, num_positions, block_size = 3, 5000, 64
+        lengths = torch.tensor([1, 3000, 5000], dtype=torch.int32)
+        if with_slots:
+            num_blocks = (num_positions + block_size - 1) // block_size
+            topk_triton(torch.randn(num_rows, num_positions), 2048, lengths,
+                        torch.arange(num_blocks, dtype=torch.int32)[None],
+                        torch.zeros(num_rows, dtype=torch.int32), block_size)
+        else:
+            topk_triton(torch.randn(num_rows, num_positions), 2048, lengths)
+    return run
+
+
 EXAMPLES: dict[str, Callable[[], None]] = {
     "indexer_score[fp8]": indexer_score("fp8", use_fp8_dot=False),
     "indexer_score[fp8, fp8 dot]": indexer_score("fp8", use_fp8_dot=True),
@@ -143,4 +289,16 @@ EXAMPLES: dict[str, Callable[[], None]] = {
     "kda_verify": kda_verify,
     "kda_prefill": kda_prefill,
     "short_conv": short_conv,
+    "attn_res": attn_res,
+    "gated_rms_norm": gated_rms_norm,
+    "gated_rms_norm_fp8": gated_rms_norm_fp8,
+    "ptpc_linear[decode]": ptpc_linear(3, 4096),
+    "ptpc_linear[prefill]": ptpc_linear(300, 512),
+    "moe_route": moe_route,
+    "moe_experts_mxfp4": moe_experts(use_dot_scaled=False),
+    "moe_experts_mxfp4[dot_scaled]": moe_experts(use_dot_scaled=True),
+    "sparse_mla[fp8 cache]": sparse_mla,
+    "dense_mla": dense_mla,
+    "topk": topk(with_slots=False),
+    "topk[slots]": topk(with_slots=True),
 }
