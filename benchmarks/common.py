@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import platform
 import re
 import subprocess
@@ -56,7 +57,8 @@ def environment() -> dict:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, check=True, cwd=RESULTS_DIR.parent).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
+        # the device machine gets the working tree without .git: the caller passes the commit
+        commit = os.environ.get("ATOMK31_COMMIT", "unknown")
     return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
             "cuda": torch.version.cuda, "hip": torch.version.hip,
             "python": platform.python_version(), "commit": commit,
