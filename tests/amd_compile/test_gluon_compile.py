@@ -3,17 +3,52 @@
 ISA checks: the matrix instruction the kernel was written for (scaled MFMA on gfx950, with
 the FP4 operand format ``cbsz:4 blgp:4`` on the MXFP4 path; CDNA3 FP8 MFMA on gfx942;
 mma.sync on NVIDIA), no scratch, no spills, registers within the kernel's design budget.
+
+The compiles run in subprocesses (capture_gluon_isa.py, one per target, all at once) without
+TRITON_INTERPRET, which the test session sets and under which the kernels' helpers cannot be
+compiled; only the example list is read in this process.
 """
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from gluon_kernels import indexer_score, radix_topk
-from gluon_kernels.compile import compile_example
 from gluon_kernels.targets import target_for_arch
 from amd_compile.isa import check_no_scratch, check_registers, instructions, register_report
 
 KERNEL_MODULES = [indexer_score, radix_topk]
 AMD_ARCHS = ["gfx950", "gfx942"]
+SCRIPT = Path(__file__).with_name("capture_gluon_isa.py")
+CAPTURE_TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="module")
+def assembly(tmp_path_factory) -> dict[str, dict[str, dict[str, str]]]:
+    """{arch: {example name: {"asm": text} or {"error": text}}} for gfx950, gfx942, sm90."""
+    out_dir = tmp_path_factory.mktemp("gluon_isa")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    processes = {arch: subprocess.Popen([sys.executable, str(SCRIPT), arch,
+                                         str(out_dir / f"{arch}.json")],
+                                        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                 for arch in (*AMD_ARCHS, "sm90")}
+    results = {}
+    for arch, process in processes.items():
+        output, _ = process.communicate(timeout=CAPTURE_TIMEOUT_S)
+        assert process.returncode == 0, (
+            f"gluon capture for {arch} failed:\n{output.decode(errors='replace')[-3000:]}")
+        results[arch] = json.loads((out_dir / f"{arch}.json").read_text())
+    return results
+
+
+def _asm(assembly: dict, arch: str, name: str) -> str:
+    compiled = assembly[arch][name]
+    assert "error" not in compiled, f"{name} on {arch} failed to compile: {compiled.get('error')}"
+    return compiled["asm"]
 
 
 def examples(arch):
@@ -23,8 +58,8 @@ def examples(arch):
 
 
 @pytest.mark.parametrize("target,example", [p for arch in AMD_ARCHS for p in examples(arch)])
-def test_gluon_kernel_compiles_for_amd_with_its_matrix_instruction(target, example):
-    amdgcn = compile_example(example, target).asm["amdgcn"]
+def test_gluon_kernel_compiles_for_amd_with_its_matrix_instruction(assembly, target, example):
+    amdgcn = _asm(assembly, target.arch, example.name)
     for expected in example.expected_instructions:
         assert expected in instructions(amdgcn, "v_mfma"), (
             f"{example.name} on {target.arch}: no {expected} in the ISA; found "
@@ -42,8 +77,8 @@ def test_gluon_kernel_compiles_for_amd_with_its_matrix_instruction(target, examp
 @pytest.mark.parametrize("example", [e for m in KERNEL_MODULES
                                      for e in m.compile_examples(target_for_arch("sm90"))],
                          ids=lambda e: f"sm90-{e.name}")
-def test_gluon_kernel_nvidia_instantiation_compiles(example):
-    ptx = compile_example(example, target_for_arch("sm90")).asm["ptx"]
+def test_gluon_kernel_nvidia_instantiation_compiles(assembly, example):
+    ptx = _asm(assembly, "sm90", example.name)
     if example.name.startswith("indexer_score"):
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
 

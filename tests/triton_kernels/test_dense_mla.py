@@ -2,8 +2,6 @@
 interpreter (fp32 products: rtol/atol 1e-5) on the CPU, and on a GPU at real sizes (H = 96,
 contexts past top-k; bf16 products: relative error of the output <= 1e-2)."""
 
-import importlib
-
 import pytest
 import torch
 
@@ -14,18 +12,6 @@ KERNEL_MODULES = ("atomk31.triton_kernels.sparse_mla", "atomk31.triton_kernels.d
 SOFTMAX_SCALE = 192**-0.5  # §4.5
 LATENT_SCALE = 0.02
 LATENT_DTYPES = [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz]
-
-
-@pytest.fixture
-def interpreted(monkeypatch: pytest.MonkeyPatch):
-    """The kernel modules re-imported under Triton's interpreter (TRITON_INTERPRET must be set
-    before @triton.jit runs), restored to compiled kernels afterwards."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    modules = [importlib.reload(importlib.import_module(name)) for name in KERNEL_MODULES]
-    yield modules[-1]
-    monkeypatch.undo()
-    for name in KERNEL_MODULES:
-        importlib.reload(importlib.import_module(name))
 
 
 def build_cache(request_lengths, block_size, latent_dtype, seed, device="cpu"):

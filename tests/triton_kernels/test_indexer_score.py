@@ -2,8 +2,6 @@
 -inf pattern, finite scores within rtol 1e-5 + 1e-5 x the row's max |score|; under Triton's
 interpreter on the CPU and on a GPU at real sizes (H_I = 32, 128-token blocks)."""
 
-import importlib
-
 import pytest
 import torch
 
@@ -13,18 +11,6 @@ from atomk31.ops.kv_write import kv_write_torch
 KERNEL_MODULES = ("atomk31.triton_kernels.kv_write", "atomk31.triton_kernels.indexer_score")
 KEY_FORMATS = [("fp8", "e4m3fn"), ("fp8", "e4m3fnuz"), ("mxfp4", "e4m3fn")]
 FP8_DTYPES = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
-
-
-@pytest.fixture
-def interpreted(monkeypatch: pytest.MonkeyPatch):
-    """The kernel modules re-imported under Triton's interpreter (TRITON_INTERPRET must be set
-    before @triton.jit runs), restored to compiled kernels afterwards."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    modules = [importlib.reload(importlib.import_module(name)) for name in KERNEL_MODULES]
-    yield modules[-1]
-    monkeypatch.undo()
-    for name in KERNEL_MODULES:
-        importlib.reload(importlib.import_module(name))
 
 
 def build_cache(request_lengths, block_size, key_format, seed):

@@ -1,8 +1,6 @@
 """kv_write_triton against kv_write_torch: bit-exact cache bytes, on strided views of a uint8
 pool row; under Triton's interpreter on the CPU and on a GPU at a real token count."""
 
-import importlib
-
 import pytest
 import torch
 
@@ -12,16 +10,6 @@ KERNEL_MODULE = "atomk31.triton_kernels.kv_write"
 LATENT_DTYPES = [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz]
 KEY_FORMATS = [("fp8", "e4m3fn"), ("fp8", "e4m3fnuz"), ("mxfp4", "e4m3fn")]
 FP8_DTYPES = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
-
-
-@pytest.fixture
-def interpreted(monkeypatch: pytest.MonkeyPatch):
-    """The kernel module re-imported under Triton's interpreter (TRITON_INTERPRET must be set
-    before @triton.jit runs), restored to compiled kernels afterwards."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    yield importlib.reload(importlib.import_module(KERNEL_MODULE))
-    monkeypatch.undo()
-    importlib.reload(importlib.import_module(KERNEL_MODULE))
 
 
 def pool_caches(num_blocks: int, block_size: int, latent_dtype: torch.dtype, index_format: str,

@@ -2,8 +2,6 @@
 under Triton's interpreter (fp32 products: rtol/atol 1e-5) on the CPU, and on a GPU at real
 sizes (H = 96, k = 2048; bf16 products: relative error of the output <= 1e-2)."""
 
-import importlib
-
 import pytest
 import torch
 
@@ -14,16 +12,6 @@ SOFTMAX_SCALE = 192**-0.5  # §4.5
 LATENT_SCALE = 0.02
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
 LATENT_DTYPES = [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz]
-
-
-@pytest.fixture
-def interpreted(monkeypatch: pytest.MonkeyPatch):
-    """The kernel module re-imported under Triton's interpreter (TRITON_INTERPRET must be set
-    before @triton.jit runs), restored to compiled kernels afterwards."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    yield importlib.reload(importlib.import_module(KERNEL_MODULE))
-    monkeypatch.undo()
-    importlib.reload(importlib.import_module(KERNEL_MODULE))
 
 
 def make_latent_cache(num_blocks, block_size, dtype, seed, device="cpu"):

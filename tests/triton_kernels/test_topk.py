@@ -2,24 +2,12 @@
 the lower position, -0.0 = +0.0, -1 padding), under Triton's interpreter on the CPU and on a
 GPU at real sizes (k = 2048, rows up to 1M)."""
 
-import importlib
-
 import pytest
 import torch
 
 from atomk31.ops.topk import positions_to_slots_torch, topk_positions_torch
 
 KERNEL_MODULE = "atomk31.triton_kernels.topk"
-
-
-@pytest.fixture
-def interpreted(monkeypatch: pytest.MonkeyPatch):
-    """The kernel module re-imported under Triton's interpreter (TRITON_INTERPRET must be set
-    before @triton.jit runs), restored to compiled kernels afterwards."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    yield importlib.reload(importlib.import_module(KERNEL_MODULE))
-    monkeypatch.undo()
-    importlib.reload(importlib.import_module(KERNEL_MODULE))
 
 
 def make_scores(num_rows, length, levels, seed, device="cpu"):
