@@ -99,8 +99,12 @@ service = APIRouter()
 
 
 @service.get("/health")
-async def health() -> dict[str, str]:
-    return {"status": "ok"}
+async def health(engine: AsyncEngine = Depends(get_engine)) -> Response:
+    """200 while the engine thread serves; 503 once it has stopped."""
+    if engine.is_alive:
+        return Response(content='{"status":"ok"}', media_type="application/json")
+    return Response(content='{"status":"engine stopped"}', status_code=503,
+                    media_type="application/json")
 
 
 @service.get("/metrics")

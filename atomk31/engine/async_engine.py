@@ -61,6 +61,11 @@ class AsyncEngine:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    @property
+    def is_alive(self) -> bool:
+        """The engine thread runs (it stops only on shutdown or an error outside a step)."""
+        return self._thread.is_alive() and self._error is None
+
     # -- the asyncio side ---------------------------------------------------------------
     async def generate(self, prompt: str | list[int], params: SamplingParams,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:
@@ -115,13 +120,26 @@ class AsyncEngine:
             while not self._stopped.is_set():
                 self._apply_commands(block=not self.engine.has_unfinished_requests())
                 if self.engine.has_unfinished_requests():
-                    for out in self.engine.step():
-                        self._publish(out.request_id, out)
+                    self._step()
         except BaseException as exc:  # the thread must not die silently
             logger.exception("engine loop failed")
             self._error = exc
             for request_id in list(self._streams):
                 self._publish(request_id, EngineDeadError(f"the engine stopped: {exc!r}"))
+
+    def _step(self) -> None:
+        """One engine step. A step that raises fails the requests it was running (their
+        streams get the error, their blocks and slots are freed) and the engine goes on."""
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            logger.exception("engine step failed; failing the requests in flight")
+            for request_id in list(self.engine.requests):
+                self.engine.abort_request(request_id)
+                self._publish(request_id, RuntimeError(f"the engine step failed: {exc!r}"))
+            return
+        for out in outputs:
+            self._publish(out.request_id, out)
 
     def _apply_commands(self, block: bool) -> None:
         try:

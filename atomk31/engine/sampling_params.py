@@ -17,6 +17,7 @@ from dataclasses import dataclass
 # softmax to a one-hot anyway and the division can produce inf - inf = NaN.
 GREEDY_TEMPERATURE_EPS = 1e-5
 MAX_LOGPROBS = 20
+MAX_SEED = 2**63 - 1   # torch.Generator.manual_seed takes a signed 64-bit integer
 
 
 @dataclass
@@ -83,6 +84,9 @@ class SamplingParams:
                 f"min_tokens must be <= max_tokens, got min_tokens={self.min_tokens} "
                 f"and max_tokens={self.max_tokens}"
             )
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED - (self.n - 1):
+            raise ValueError(f"seed must be in [0, {MAX_SEED - (self.n - 1)}] (a 64-bit "
+                             f"generator seed, plus n - 1), got {self.seed}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(
                 f"logprobs must be in [0, {MAX_LOGPROBS}] or None, got {self.logprobs}"

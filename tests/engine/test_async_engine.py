@@ -93,3 +93,29 @@ def test_full_waiting_queue_is_busy(tiny_checkpoint):
         assert any(isinstance(r, EngineBusyError) for r in results), results
     finally:
         engine.shutdown()
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(engine, pools_free):
+    """A step that raises must not kill the engine thread or leak blocks (issue #4 review)."""
+    original = engine.engine.step
+    calls = {"n": 0}
+
+    def step_that_fails_once():
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("injected failure")
+        return original()
+
+    engine.engine.step = step_that_fails_once
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+
+    async def run(prompt):
+        return [out async for out in engine.generate(prompt, params)]
+
+    with pytest.raises(RuntimeError, match="the engine step failed"):
+        asyncio.run(run([1, 2, 3]))
+    wait_until_idle(engine)
+    pools_free(engine)
+    assert engine.is_alive
+    outputs = asyncio.run(run([1, 2, 3]))            # the next request is served
+    assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 5

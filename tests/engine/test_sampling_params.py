@@ -65,3 +65,9 @@ def test_boundary_values_are_accepted() -> None:
 )
 def test_is_greedy_below_1e_5(temperature: float, is_greedy: bool) -> None:
     assert SamplingParams(temperature=temperature).is_greedy is is_greedy
+
+
+def test_seed_must_fit_a_64_bit_generator():
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 9223372036854775806\]"):
+        SamplingParams(seed=2**63 - 1, n=2)
+    SamplingParams(seed=2**63 - 2, n=2)

@@ -114,6 +114,7 @@ class ScriptedEngine:
         self.script: list[int] = []
         self.prompts: list[list[int]] = []
         self.num_open = 0
+        self.is_alive = True
 
     def stats(self) -> EngineStats:
         return EngineStats(num_running=self.num_open, num_waiting=0, kv_usage=0.0,

@@ -78,3 +78,15 @@ def _wait_until(condition, timeout_s: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out waiting for the engine"
         time.sleep(0.01)
+
+
+def test_health_is_503_once_the_engine_stopped(scripted_server):
+    server, engine = scripted_server
+    with httpx.Client(base_url=server.base_url) as client:
+        engine.is_alive = False
+        try:
+            response = client.get("/health")
+        finally:
+            engine.is_alive = True
+        assert response.status_code == 503 and response.json() == {"status": "engine stopped"}
+        assert client.get("/health").status_code == 200
