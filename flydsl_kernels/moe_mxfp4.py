@@ -1,10 +1,10 @@
-"""FlyDSL grouped MoE over MXFP4 experts with SiTU-GLU and an FP8 second stage (gfx950; §4.7, §4.8).
+"""FlyDSL grouped MoE over MXFP4 experts, SiTU-GLU and an FP8 second stage (gfx950; §4.7-§4.8).
 
 Computes the `moe_experts_mxfp4` op (atomk31/ops/moe.py): ``u[t] = sum_j w[t, j] *
 W2_e(situ_glu(W1_e z_t, W3_e z_t))`` with MXFP4 weights (§3.3: e2m1 codes, low nibble = even
 input index, one E8M0 scale per 32 inputs). Every matmul is one gfx950 scaled MFMA,
 ``v_mfma_scale_f32_16x16x128_f8f6f4``: the activations go through MX-FP8 (e4m3 values, one
-E8M0 scale per 32 inputs, the OCP MX recipe) so both operands carry E8M0 block scales and the
+E8M0 scale per 32 inputs, the OCP MX layout) so both operands carry E8M0 block scales and the
 hardware applies them; nothing is dequantized.
 
 Grouping (torch, in the launcher): the (token, slot) pairs are sorted by expert and each
@@ -47,7 +47,8 @@ WAVE = 64
 FORMAT_E4M3 = 0  # cbsz/blgp operand format codes of the scaled MFMA
 FORMAT_E2M1 = 4
 E4M3_MAX = 448.0
-E4M3_EMAX = 8  # 448 = 1.75 * 2^8: the OCP MX shared exponent is floor(log2(amax)) - 8
+E4M3_EMAX = 8  # 448 = 1.75 * 2^8
+E4M3_MANTISSA_LIMIT = 0x600000  # fp32 mantissa bits of 1.75
 LOG2E = 1.4426950408889634
 
 
@@ -138,13 +139,15 @@ def gate_up_situ_kernel(
         pair = tile * fx.Int32(TILE_PAIRS) + kg * fx.Int32(4) + fx.Int32(i)
         hidden = [_situ_glu(acc[2 * half][i], acc[2 * half + 1][i], beta, linear_beta)
                   for half in range(2)]
-        amax = hidden[0].abs().maximumf(hidden[1].abs())
+        amax = abs(hidden[0]).maximumf(abs(hidden[1]))
         for offset in (1, 2, 4, 8):  # the other 15 columns of each half sit in lanes n16 ^ offset
             amax = amax.maximumf(fx.gpu.shuffle_xor(amax, offset, WAVE))
-        exponent = (amax.bitcast(fx.Int32) >> fx.Int32(23)) & fx.Int32(0xFF)
-        scale_byte = (exponent - fx.Int32(E4M3_EMAX)).maximumf(fx.Int32(1)) \
-            if hasattr(fx.Int32, "maximumf") else None
-        shifted = exponent - fx.Int32(E4M3_EMAX)
+        bits = amax.bitcast(fx.Int32)
+        exponent = (bits >> fx.Int32(23)) & fx.Int32(0xFF)
+        # One more when amax's mantissa exceeds 1.75, so amax / scale <= 448 (no saturation).
+        round_up = ((bits & fx.Int32(0x7FFFFF)) > fx.Int32(E4M3_MANTISSA_LIMIT)).select(
+            fx.Int32(1), fx.Int32(0))
+        shifted = exponent - fx.Int32(E4M3_EMAX) + round_up
         scale_byte = (shifted < fx.Int32(1)).select(fx.Int32(1), shifted)
         inverse = ((fx.Int32(254) - scale_byte) << fx.Int32(23)).bitcast(fx.Float32)
         for half in fx.range_constexpr(2):
@@ -210,3 +213,180 @@ def down_kernel(
         for half in fx.range_constexpr(2):
             column = first_column + fx.Int32(half * 16) + n16
             fx.ptr_store(acc[half][i] * weight, p_y + (pair * latent_size + column))
+
+
+@flyc.jit
+def launch_gate_up_situ(
+    z_words: fx.Tensor, z_scales: fx.Tensor, pair_tokens: fx.Tensor, tile_experts: fx.Tensor,
+    w13_words: fx.Tensor, w13_scales: fx.Tensor, h_bytes: fx.Tensor, h_scales: fx.Tensor,
+    num_tiles: fx.Int32, num_column_groups: fx.Int32, latent_size: fx.Int32,
+    intermediate_size: fx.Int32, beta: fx.Float32, linear_beta: fx.Float32,
+    stream: fx.Stream = fx.Stream(None),
+):
+    gate_up_situ_kernel(z_words, z_scales, pair_tokens, tile_experts, w13_words, w13_scales,
+                        h_bytes, h_scales, latent_size, intermediate_size, beta,
+                        linear_beta).launch(
+        grid=(num_tiles, num_column_groups, 1), block=(WAVE, 1, 1), stream=stream)
+
+
+@flyc.jit
+def launch_down(
+    h_words: fx.Tensor, h_scales: fx.Tensor, pair_weights: fx.Tensor, tile_experts: fx.Tensor,
+    w2_words: fx.Tensor, w2_scales: fx.Tensor, y: fx.Tensor, num_tiles: fx.Int32,
+    num_column_groups: fx.Int32, latent_size: fx.Int32, intermediate_size: fx.Int32,
+    stream: fx.Stream = fx.Stream(None),
+):
+    down_kernel(h_words, h_scales, pair_weights, tile_experts, w2_words, w2_scales, y,
+                latent_size, intermediate_size).launch(
+        grid=(num_tiles, num_column_groups, 1), block=(WAVE, 1, 1), stream=stream)
+
+
+def quantize_mx_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows [N, K] -> (e4m3fn values [N, K], E8M0 scales uint8 [N, K/32]) (MX-FP8).
+
+    Per block of 32: shared exponent floor(log2(amax)) - 8, plus one when amax's mantissa
+    exceeds 1.75 so that nothing saturates (the OCP recipe would clip up to 1/8 of amax), E8M0
+    byte clamped to >= 1; exactly what the kernel's second stage does. Values x / 2^exponent.
+    """
+    blocks = x.float().reshape(x.shape[0], -1, MX_BLOCK)
+    amax = blocks.abs().amax(dim=-1)
+    bits = amax.view(torch.int32)
+    exponent = (bits >> 23) & 0xFF  # biased exponent of amax (0 for 0)
+    round_up = ((bits & 0x7FFFFF) > E4M3_MANTISSA_LIMIT).to(torch.int32)
+    scale_byte = (exponent - E4M3_EMAX + round_up).clamp_min(1)
+    scale = torch.exp2(scale_byte.float() - 127.0)
+    values = (blocks / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return values.reshape(x.shape), scale_byte.to(torch.uint8)
+
+
+def dequantize_mx_fp8(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The inverse of quantize_mx_fp8: [N, K] e4m3fn, [N, K/32] uint8 -> fp32 [N, K]."""
+    scale = torch.exp2(scales.float() - 127.0)
+    blocks = values.float().reshape(values.shape[0], -1, MX_BLOCK) * scale[..., None]
+    return blocks.reshape(values.shape)
+
+
+def group_pairs(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sort the (token, slot) pairs by expert, each expert's run padded to 16 pairs.
+
+    topk_ids, topk_weights: [T, k] -> (pair_tokens int32 [P], pair_weights fp32 [P],
+    tile_experts int32 [P/16]); padding pairs have token -1 and weight 0.
+    """
+    flat_ids = topk_ids.reshape(-1).long()
+    top_k = topk_ids.shape[1]
+    order = torch.argsort(flat_ids, stable=True)
+    counts = torch.bincount(flat_ids, minlength=num_experts)
+    tiles = (counts + TILE_PAIRS - 1) // TILE_PAIRS
+    padded_start = torch.cumsum(tiles * TILE_PAIRS, 0) - tiles * TILE_PAIRS
+    start = torch.cumsum(counts, 0) - counts
+    sorted_ids = flat_ids[order]
+    rank = torch.arange(flat_ids.numel(), device=flat_ids.device) - start[sorted_ids]
+    destination = padded_start[sorted_ids] + rank
+    num_pairs = int(tiles.sum()) * TILE_PAIRS  # one host sync: the grid size
+    pair_tokens = torch.full((num_pairs,), -1, dtype=torch.int32, device=flat_ids.device)
+    pair_weights = torch.zeros(num_pairs, dtype=torch.float32, device=flat_ids.device)
+    pair_tokens[destination] = (order // top_k).to(torch.int32)
+    pair_weights[destination] = topk_weights.reshape(-1).float()[order]
+    tile_experts = torch.repeat_interleave(
+        torch.arange(num_experts, dtype=torch.int32, device=flat_ids.device), tiles)
+    return pair_tokens, pair_weights, tile_experts
+
+
+def check_shapes(w13_packed: torch.Tensor) -> str | None:
+    """Why the kernels cannot take these shapes (None if they can): Dl, F multiples of 128."""
+    latent_size, intermediate_size = 2 * w13_packed.shape[2], w13_packed.shape[1] // 2
+    if latent_size % K_STEP or intermediate_size % K_STEP:
+        return (f"needs Dl and F multiples of {K_STEP}, got Dl={latent_size}, "
+                f"F={intermediate_size}")
+    return None
+
+
+def moe_experts_mxfp4_flydsl(
+    z: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13_packed: torch.Tensor,
+    w13_scales: torch.Tensor,
+    w2_packed: torch.Tensor,
+    w2_scales: torch.Tensor,
+    beta: float,
+    linear_beta: float | None,
+) -> torch.Tensor:
+    """`moe_experts_mxfp4` with the two FlyDSL kernels. z: [T, Dl] -> u fp32 [T, Dl]."""
+    num_experts, two_f, half_latent = w13_packed.shape
+    latent_size, intermediate_size = 2 * half_latent, two_f // 2
+    reason = check_shapes(w13_packed)
+    if reason is not None:
+        raise ValueError(f"moe_experts_mxfp4_flydsl {reason}; use the triton or torch op")
+    if z.dim() != 2 or z.shape[1] != latent_size or topk_ids.shape != topk_weights.shape:
+        raise ValueError(f"moe_experts_mxfp4_flydsl: expected z [T, {latent_size}] and "
+                         f"topk_ids/topk_weights [T, k], got {list(z.shape)}, "
+                         f"{list(topk_ids.shape)}, {list(topk_weights.shape)}")
+    if not beta > 0 or (linear_beta is not None and not linear_beta > 0):
+        raise ValueError(f"moe_experts_mxfp4_flydsl: beta and linear_beta must be positive "
+                         f"(linear_beta may be None), got {beta}, {linear_beta}")
+    out = torch.zeros(z.shape[0], latent_size, dtype=torch.float32, device=z.device)
+    if topk_ids.numel() == 0:
+        return out
+    pair_tokens, pair_weights, tile_experts = group_pairs(topk_ids, topk_weights, num_experts)
+    num_pairs, num_tiles = pair_tokens.numel(), tile_experts.numel()
+    z_values, z_scales = quantize_mx_fp8(z)
+    h_bytes = torch.empty(num_pairs, intermediate_size, dtype=torch.uint8, device=z.device)
+    h_scales = torch.empty(num_pairs, intermediate_size // MX_BLOCK, dtype=torch.uint8,
+                           device=z.device)
+    launch_gate_up_situ(
+        z_values.view(torch.uint8).view(torch.int64), z_scales, pair_tokens, tile_experts,
+        w13_packed.contiguous().view(torch.int64), w13_scales.contiguous(), h_bytes, h_scales,
+        num_tiles, intermediate_size // TILE_COLUMNS, latent_size, intermediate_size,
+        float(beta), float(linear_beta or 0.0))
+    y = torch.empty(num_pairs, latent_size, dtype=torch.float32, device=z.device)
+    launch_down(h_bytes.view(torch.int64), h_scales, pair_weights, tile_experts,
+                w2_packed.contiguous().view(torch.int64), w2_scales.contiguous(), y,
+                num_tiles, latent_size // TILE_COLUMNS, latent_size, intermediate_size)
+    valid = pair_tokens >= 0
+    return out.index_add_(0, pair_tokens[valid].long(), y[valid])
+
+
+def _placeholder_problem(num_tokens: int, top_k: int, num_experts: int, latent_size: int,
+                         intermediate_size: int) -> dict[str, torch.Tensor]:
+    """Zero CPU tensors of the kernels' argument shapes (for COMPILE_ONLY builds)."""
+    num_pairs = -(-num_tokens * top_k // TILE_PAIRS) * TILE_PAIRS + num_experts * TILE_PAIRS
+    return {
+        "z_words": torch.zeros(num_tokens, latent_size // 8, dtype=torch.int64),
+        "z_scales": torch.zeros(num_tokens, latent_size // MX_BLOCK, dtype=torch.uint8),
+        "pair_tokens": torch.zeros(num_pairs, dtype=torch.int32),
+        "pair_weights": torch.zeros(num_pairs),
+        "tile_experts": torch.zeros(num_pairs // TILE_PAIRS, dtype=torch.int32),
+        "w13_words": torch.zeros(num_experts, 2 * intermediate_size, latent_size // 16,
+                                 dtype=torch.int64),
+        "w13_scales": torch.zeros(num_experts, 2 * intermediate_size, latent_size // MX_BLOCK,
+                                  dtype=torch.uint8),
+        "w2_words": torch.zeros(num_experts, latent_size, intermediate_size // 16,
+                                dtype=torch.int64),
+        "w2_scales": torch.zeros(num_experts, latent_size, intermediate_size // MX_BLOCK,
+                                 dtype=torch.uint8),
+        "h_bytes": torch.zeros(num_pairs, intermediate_size, dtype=torch.uint8),
+        "h_scales": torch.zeros(num_pairs, intermediate_size // MX_BLOCK, dtype=torch.uint8),
+        "y": torch.zeros(num_pairs, latent_size),
+    }
+
+
+def compile_gate_up_situ(num_tokens: int = 4, top_k: int = 2, num_experts: int = 4,
+                         latent_size: int = 256, intermediate_size: int = 128) -> None:
+    """Compile the gate|up + SiTU + FP8 kernel with placeholder CPU tensors."""
+    t = _placeholder_problem(num_tokens, top_k, num_experts, latent_size, intermediate_size)
+    flyc.compile(launch_gate_up_situ, t["z_words"], t["z_scales"], t["pair_tokens"],
+                 t["tile_experts"], t["w13_words"], t["w13_scales"], t["h_bytes"],
+                 t["h_scales"], t["tile_experts"].numel(), intermediate_size // TILE_COLUMNS,
+                 latent_size, intermediate_size, 1.0, 0.0)
+
+
+def compile_down(num_tokens: int = 4, top_k: int = 2, num_experts: int = 4,
+                 latent_size: int = 256, intermediate_size: int = 128) -> None:
+    """Compile the down-projection kernel with placeholder CPU tensors."""
+    t = _placeholder_problem(num_tokens, top_k, num_experts, latent_size, intermediate_size)
+    flyc.compile(launch_down, t["h_bytes"].view(torch.int64), t["h_scales"], t["pair_weights"],
+                 t["tile_experts"], t["w2_words"], t["w2_scales"], t["y"],
+                 t["tile_experts"].numel(), latent_size // TILE_COLUMNS, latent_size,
+                 intermediate_size)

@@ -10,6 +10,7 @@ Every registration says why it cannot run on a device, which `atomk31 info` prin
 | indexer_score   | gluon_kernels.indexer_score (scaled MFMA / MFMA)| gfx950, gfx942   |
 | topk_positions  | gluon_kernels.radix_topk (multi-workgroup radix)| gfx950, gfx942   |
 | sparse_mla      | flydsl_kernels.sparse_mla on an e4m3fn latent   | gfx950 + flydsl  |
+| moe_experts_mxfp4 | flydsl_kernels.moe_mxfp4 (Dl, F multiples of 128) | gfx950 + flydsl |
 | rms_norm        | aiter.rms_norm on 2-D bf16/fp16 rows            | ROCm + aiter     |
 | everything else | the triton implementation, else torch           |                  |
 
@@ -111,6 +112,38 @@ def _portable_sparse_mla() -> Callable:
     return sparse_mla_triton
 
 
+def moe_experts_mxfp4_amd(
+    z: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13_packed: torch.Tensor,
+    w13_scales: torch.Tensor,
+    w2_packed: torch.Tensor,
+    w2_scales: torch.Tensor,
+    beta: float,
+    linear_beta: float | None,
+) -> torch.Tensor:
+    """`moe_experts_mxfp4`: the FlyDSL kernels when Dl and F are multiples of 128 (K3.1:
+    3584, 3072); other shapes go to the portable implementation."""
+    from flydsl_kernels.moe_mxfp4 import check_shapes, moe_experts_mxfp4_flydsl
+
+    args = (z, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed, w2_scales, beta,
+            linear_beta)
+    if w13_packed.dim() == 3 and check_shapes(w13_packed) is None:
+        return moe_experts_mxfp4_flydsl(*args)
+    return _portable_moe_experts_mxfp4()(*args)
+
+
+def _portable_moe_experts_mxfp4() -> Callable:
+    try:
+        from atomk31.triton_kernels.moe_grouped_gemm import moe_experts_mxfp4_triton
+    except ImportError:
+        from atomk31.ops.moe import moe_experts_mxfp4_torch
+
+        return moe_experts_mxfp4_torch
+    return moe_experts_mxfp4_triton
+
+
 def rms_norm_amd(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`rms_norm` with aiter for 2-D bf16/fp16 rows (its kernels' domain); else torch."""
     if x.dim() == 2 and x.dtype in (torch.bfloat16, torch.float16) and x.is_contiguous():
@@ -125,4 +158,6 @@ def rms_norm_amd(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
 register("indexer_score", "amd", indexer_score_amd, _needs_rocm_arch(GLUON_ARCHS))
 register("topk_positions", "amd", topk_positions_amd, _needs_rocm_arch(GLUON_ARCHS))
 register("sparse_mla", "amd", sparse_mla_amd, _needs_rocm_arch(FLYDSL_ARCHS, "flydsl"))
+register("moe_experts_mxfp4", "amd", moe_experts_mxfp4_amd,
+         _needs_rocm_arch(FLYDSL_ARCHS, "flydsl"))
 register("rms_norm", "amd", rms_norm_amd, _needs_aiter)

@@ -9,7 +9,7 @@ import torch
 import atomk31.ops  # noqa: F401  (registers every op's torch/triton implementations)
 from atomk31.ops import amd_backend, select_ops
 
-AMD_OPS = ("indexer_score", "topk_positions", "sparse_mla", "rms_norm")
+AMD_OPS = ("indexer_score", "topk_positions", "sparse_mla", "rms_norm", "moe_experts_mxfp4")
 
 
 def test_amd_backend_on_cpu_falls_back_and_says_why():

@@ -23,6 +23,10 @@ SCRIPT = Path(__file__).with_name("compile_flydsl_kernel.py")
 KERNELS = [
     ("flydsl_kernels.sparse_mla", "compile_sparse_mla", "gfx950",
      ("v_mfma_f32_16x16x32_fp8_fp8", "v_mfma_f32_16x16x16_bf16"), 256),
+    ("flydsl_kernels.moe_mxfp4", "compile_gate_up_situ", "gfx950",
+     ("v_mfma_scale_f32_16x16x128_f8f6f4",), 128),
+    ("flydsl_kernels.moe_mxfp4", "compile_down", "gfx950",
+     ("v_mfma_scale_f32_16x16x128_f8f6f4",), 128),
 ]
 
 needs_flydsl = pytest.mark.skipif(
@@ -40,7 +44,7 @@ def rocm_path(tmp_path_factory) -> Path:
 
 @needs_flydsl
 @pytest.mark.parametrize("module,function,arch,expected,budget", KERNELS,
-                         ids=[f"{k[0].split('.')[-1]}-{k[2]}" for k in KERNELS])
+                         ids=[f"{k[0].split('.')[-1]}-{k[1]}-{k[2]}" for k in KERNELS])
 def test_flydsl_kernel_compiles(rocm_path, tmp_path, module, function, arch, expected, budget):
     env = {**os.environ, "ROCM_PATH": str(rocm_path), "COMPILE_ONLY": "1", "ARCH": arch,
            "FLYDSL_DEBUG_DUMP_ASM": "1", "FLYDSL_DUMP_DIR": str(tmp_path)}
