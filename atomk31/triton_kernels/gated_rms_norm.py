@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atomk31.triton_kernels.runtime import runs_on_interpreter
+
 from atomk31.triton_kernels.ptpc_fp8 import min_normal_exponent, round_to_e4m3_grid
 
 # §6.5: the dynamic per-token activation scale floors amax at 1e-12.
@@ -110,7 +112,8 @@ def gated_rms_norm_fp8_triton(
             torch.finfo(fp8_dtype).max,
             H=num_heads, V=value_dim, BLOCK_H=triton.next_power_of_2(num_heads),
             BLOCK_V=triton.next_power_of_2(value_dim),
-            MIN_EXPONENT=min_normal_exponent(fp8_dtype), ROUND_FIRST=x.device.type == "cpu",
+            MIN_EXPONENT=min_normal_exponent(fp8_dtype),
+            ROUND_FIRST=runs_on_interpreter(gated_rms_norm_fp8_kernel),
             num_warps=8,
         )
     return q, scale

@@ -22,7 +22,8 @@ dequantized values. Under the interpreter the products run in fp32 (its bf16 dot
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.jit import JITFunction
+
+from atomk31.triton_kernels.runtime import runs_on_interpreter
 
 from atomk31.triton_kernels.kv_write import (
     FP8_INDEX_AMAX_FLOOR,
@@ -205,7 +206,7 @@ def indexer_score_triton(
 
     # Triton's interpreter (TRITON_INTERPRET=1 at import) runs fp32 products (its bf16 dot
     # is wrong) on small tiles; a compile-only driver still gets the GPU configuration.
-    is_interpreter = not isinstance(indexer_score_kernel, JITFunction)
+    is_interpreter = runs_on_interpreter(indexer_score_kernel)
     # Rows per program: about the rows of one request (host-known Nq / N), at least 16 query
     # vectors (the smallest tensor-core product) and at most MAX_QUERY_VECTORS.
     rows_per_request = triton.cdiv(num_rows, max(1, block_table.shape[0]))

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atomk31.triton_kernels.runtime import dot_precision
+
 # §9 #3: the KDA l2 norms of q and k use 1e-6.
 L2_NORM_EPS = tl.constexpr(1e-6)
 CHUNK_SIZE = 64
@@ -259,13 +261,12 @@ def kda_prefill_intra(
     if num_chunks == 0:
         return out
     akk = torch.empty(*rows, CHUNK_SIZE, dtype=torch.float32, device=device)
-    on_interpreter = device.type == "cpu"
     kda_prefill_intra_kernel[(num_chunks, num_heads)](
         q, k, v, g, beta, chunk_start, chunk_len,
         akk, out["aqk"], out["qg"], out["kd"], out["w"], out["u"], out["decay"],
         q.stride(0), k.stride(0), v.stride(0), scale,
         H=num_heads, K=head_dim, V=value_dim, BT=CHUNK_SIZE, BC=SUB_CHUNK_SIZE,
         BLOCK_K=triton.next_power_of_2(head_dim), BLOCK_V=triton.next_power_of_2(value_dim),
-        DOT_PRECISION="ieee" if on_interpreter else "tf32", num_warps=4,
+        DOT_PRECISION=dot_precision(kda_prefill_intra_kernel, q.dtype), num_warps=4,
     )
     return out

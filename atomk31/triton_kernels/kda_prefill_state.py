@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atomk31.triton_kernels.runtime import dot_precision
+
 
 @triton.jit
 def kda_prefill_state_kernel(
@@ -98,7 +100,6 @@ def kda_prefill_state(
         # Two fp32 stages of w, qg and kd would not fit in shared memory.
         num_stages = 1 if is_wide else 2
     block_v = min(block_v, triton.next_power_of_2(value_dim))
-    on_interpreter = initial_state.device.type == "cpu"
     grid = (num_requests, num_heads, triton.cdiv(value_dim, block_v))
     kda_prefill_state_kernel[grid](
         intra["w"], intra["u"], intra["qg"], intra["kd"], intra["aqk"], intra["decay"],
@@ -107,7 +108,7 @@ def kda_prefill_state(
         o.stride(0),
         H=num_heads, K=head_dim, V=value_dim, BT=intra["aqk"].shape[-1],
         BLOCK_K=triton.next_power_of_2(head_dim), BLOCK_V=block_v,
-        DOT_PRECISION="ieee" if on_interpreter else "tf32",
+        DOT_PRECISION=dot_precision(kda_prefill_state_kernel, intra["w"].dtype),
         num_warps=4, num_stages=num_stages,
     )
     return final_state

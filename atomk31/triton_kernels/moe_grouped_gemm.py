@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atomk31.triton_kernels.runtime import runs_on_interpreter
+
 from atomk31.triton_kernels.moe_routing import ExpertBlocks, sort_pairs_by_expert
 
 MXFP4_BLOCK = 32
@@ -199,7 +201,7 @@ def moe_experts_mxfp4_triton(
         block_m = pick_block_m(num_pairs, num_experts)
     if num_warps is None:
         num_warps = 4 if block_m <= 32 else 8
-    on_interpreter = z.device.type == "cpu"
+    on_interpreter = runs_on_interpreter(moe_gate_up_kernel)
     if use_dot_scaled and on_interpreter:
         raise ValueError("moe_experts_mxfp4: use_dot_scaled does not run under the Triton "
                          "interpreter; leave it False on the CPU")

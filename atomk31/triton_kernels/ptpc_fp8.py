@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atomk31.triton_kernels.runtime import runs_on_interpreter
+
 # §6.5: the dynamic per-token activation scale floors amax at 1e-12.
 MIN_AMAX = tl.constexpr(1e-12)
 
@@ -165,7 +167,8 @@ def ptpc_quantize_triton(
         ptpc_quantize_kernel[(x2.shape[0],)](
             x2, q, scale, x2.stride(0), k, torch.finfo(fp8_dtype).max,
             BLOCK_K=min(4096, triton.next_power_of_2(k)),
-            MIN_EXPONENT=min_normal_exponent(fp8_dtype), ROUND_FIRST=x.device.type == "cpu",
+            MIN_EXPONENT=min_normal_exponent(fp8_dtype),
+            ROUND_FIRST=runs_on_interpreter(ptpc_quantize_kernel),
             num_warps=4,
         )
     return q.view(x.shape), scale.view(x.shape[:-1])
@@ -204,7 +207,8 @@ def ptpc_linear_quantized_triton(
             a, w_q, x_scale.reshape(-1).float().contiguous(), w_scale.float().contiguous(), c,
             m, n, k, a.stride(0), w_q.stride(0), c.stride(0),
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-            GROUP_M=config.group_m, SPLIT_K=config.split_k, DOT_FP32=a.device.type == "cpu",
+            GROUP_M=config.group_m, SPLIT_K=config.split_k,
+            DOT_FP32=runs_on_interpreter(ptpc_gemm_kernel),
             num_warps=config.num_warps, num_stages=config.num_stages,
         )
     if split:

@@ -26,7 +26,8 @@ import math
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.jit import JITFunction
+
+from atomk31.triton_kernels.runtime import runs_on_interpreter
 
 LATENT_DIM = 576
 VALUE_DIM = 512
@@ -184,7 +185,7 @@ def launch_mla(
         q = q.contiguous()
     # Triton's interpreter (TRITON_INTERPRET=1 at import) runs fp32 products (its bf16 dot
     # is wrong) on small tiles; a compile-only driver still gets the GPU configuration.
-    is_interpreter = not isinstance(sparse_mla_kernel, JITFunction)
+    is_interpreter = runs_on_interpreter(sparse_mla_kernel)
     if block_h is None:
         block_h = 16 if is_interpreter else 64
     block_h = max(16, min(block_h, triton.next_power_of_2(num_heads)))

@@ -22,7 +22,8 @@ scores), step 4 rescans the row for each bisection step instead: slow, still exa
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.jit import JITFunction
+
+from atomk31.triton_kernels.runtime import runs_on_interpreter
 
 MAX_K = 4096  # the final sort holds the k chosen positions of a row in one program
 MAX_GROUPS = 16384  # group maxima per row, bisected in registers
@@ -295,7 +296,7 @@ def topk_triton(
     if scores.stride(-1) != 1:
         scores = scores.contiguous()
     device = scores.device
-    is_interpreter = not isinstance(topk_finish_kernel, JITFunction)  # TRITON_INTERPRET=1
+    is_interpreter = runs_on_interpreter(topk_finish_kernel)  # TRITON_INTERPRET=1
     block = 64 if is_interpreter else BLOCK
     # Groups of G positions: the fewest that keep the maxima of a row within MAX_GROUPS.
     group = triton.next_power_of_2(triton.cdiv(max(num_positions, 1), max_groups))
