@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import socket
@@ -16,7 +17,7 @@ import openai
 import pytest
 
 import server.launch as launch
-from atomk31.config import EngineConfig
+from atomk31.config import ConfigError, EngineConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVE_SCRIPT = ("import argparse, sys; from server.launch import add_serve_arguments, serve; "
@@ -145,3 +146,19 @@ def test_serve_end_to_end_with_the_openai_client(tiny_checkpoint):
             process.kill()
             output, _ = process.communicate()
     assert process.returncode == 0, output
+
+
+def test_online_quant_config_inline_or_from_a_file(tmp_path):
+    config = {"global_quant_config": "ptpc_fp8", "exclude_layer": ["lm_head"]}
+    inline = launch.engine_config_from_args(
+        parse(["--online-quant-config", json.dumps(config)]), "/m")
+    path = tmp_path / "ptpc.json"
+    path.write_text(json.dumps(config))
+    from_file = launch.engine_config_from_args(
+        parse(["--online_quant_config", str(path)]), "/m")
+    assert inline.online_quant_config == from_file.online_quant_config == config
+    with pytest.raises(ConfigError, match="--online-quant-config: not valid JSON"):
+        launch.engine_config_from_args(parse(["--online-quant-config", "{oops"]), "/m")
+    with pytest.raises(ConfigError, match="neither inline JSON nor a readable file"):
+        launch.engine_config_from_args(parse(["--online-quant-config", str(tmp_path / "no")]),
+                                       "/m")
