@@ -10,24 +10,11 @@ from atomk31.checkpoint import Tokenizer
 from server.chat_template import ChatTemplateError, prompt_starts_in_reasoning, render_chat
 from server.xtml import segments_text
 
+from chat_format_example import WEATHER_MESSAGES, WEATHER_TOOLS
+
 MARKERS = ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")
 
 # CHAT_FORMAT.md §2.6, verbatim.
-WEATHER_TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                    "days": {"type": "integer"}},
-                   "required": ["city"]}}}]
-WEATHER_MESSAGES = [
-    {"role": "system", "content": "You are concise."},
-    {"role": "user", "content": "Hi"},
-    {"role": "assistant", "reasoning_content": "A greeting.", "content": "Hello! How can I help?"},
-    {"role": "user", "content": "Weather in Paris for 2 days?"},
-    {"role": "assistant", "reasoning_content": "Need live data.", "content": "", "tool_calls": [
-        {"id": "call_7f3a", "type": "function",
-         "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}}]},
-    {"role": "tool", "tool_call_id": "call_7f3a", "content": '{"temp_c": 18}'},
-]
 WEATHER_PROMPT = (
     '<|open|>message role="system" type="tool-declare"<|sep|># Tools\n'
     'Here are the available tools, described in JSONSchema.\n\n'

@@ -18,25 +18,12 @@ import pytest
 
 from server.chat_template import render_chat
 
+from chat_format_example import WEATHER_MESSAGES as WEATHER_HISTORY
+from chat_format_example import WEATHER_TOOLS
+
 MODEL = "tiny-test"
 USER_HI = [{"role": "user", "content": "Hi"}]
 
-# CHAT_FORMAT.md §2.6
-WEATHER_TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                    "days": {"type": "integer"}},
-                   "required": ["city"]}}}]
-WEATHER_HISTORY = [
-    {"role": "system", "content": "You are concise."},
-    {"role": "user", "content": "Hi"},
-    {"role": "assistant", "reasoning_content": "A greeting.", "content": "Hello! How can I help?"},
-    {"role": "user", "content": "Weather in Paris for 2 days?"},
-    {"role": "assistant", "reasoning_content": "Need live data.", "content": "", "tool_calls": [
-        {"id": "call_7f3a", "type": "function",
-         "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}}]},
-    {"role": "tool", "tool_call_id": "call_7f3a", "content": '{"temp_c": 18}'},
-]
 TOOL_CALL_TURN = [  # (text, is_control) as the model generates it
     ("Need live data.", False), ("<|close|>think<|sep|><|open|>response<|sep|>", True),
     ("<|close|>response<|sep|><|open|>tools<|sep|><|open|>call", True),
