@@ -260,8 +260,10 @@ def indexer_score_gluon(
     row_request: torch.Tensor,
     row_position: torch.Tensor,
     block_size: int,
+    num_positions: int | None = None,
 ) -> torch.Tensor:
-    """Indexer scores [Nq, L] fp32 (the `indexer_score` contract) with the Gluon kernel."""
+    """Indexer scores [Nq, L] fp32 (the `indexer_score` contract) with the Gluon kernel;
+    `num_positions` as in the contract (L from the host, no device read)."""
     check_index_cache(index_values, index_scales, index_format, fp8_variant)
     check_paged_rows(block_table, row_request, row_position, block_size)
     target = target_of_device(q.device)
@@ -281,7 +283,10 @@ def indexer_score_gluon(
     if tuple(head_weights.shape) != (num_rows, num_heads):
         raise ValueError(f"head_weights must be [Nq={num_rows}, H_I={num_heads}], got "
                          f"{list(head_weights.shape)}")
-    length = int(row_position.max()) + 1 if num_rows else 0
+    if num_positions is not None:
+        length = num_positions
+    else:
+        length = int(row_position.max()) + 1 if num_rows else 0
     scores = torch.full((num_rows, length), -torch.inf, device=q.device)
     if num_rows == 0:
         return scores

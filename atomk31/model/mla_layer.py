@@ -99,7 +99,8 @@ class MLAMixer:
             self.index_heads ** -0.5 * self.index_dim ** -0.5)
         scores = ops.indexer_score(q_index, head_weights, cache.index_values, cache.index_scales,
                                    self.index_format, self.fp8_variant, batch.block_tables,
-                                   batch.token_request, batch.positions, batch.block_size)
+                                   batch.token_request, batch.positions, batch.block_size,
+                                   num_positions=batch.max_position + 1)
         k = min(self.index_topk, batch.max_position + 1)
         return ops.topk_slots(scores, k, batch.positions + 1, batch.block_tables,
                               batch.token_request, batch.block_size)

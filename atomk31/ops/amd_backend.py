@@ -71,12 +71,14 @@ def indexer_score_amd(
     row_request: torch.Tensor,
     row_position: torch.Tensor,
     block_size: int,
+    num_positions: int | None = None,
 ) -> torch.Tensor:
     """`indexer_score` with the Gluon kernel (scaled MFMA on gfx950, CDNA3 MFMA on gfx942)."""
     from gluon_kernels.indexer_score import indexer_score_gluon
 
     return indexer_score_gluon(q, head_weights, index_values, index_scales, index_format,
-                               fp8_variant, block_table, row_request, row_position, block_size)
+                               fp8_variant, block_table, row_request, row_position, block_size,
+                               num_positions=num_positions)
 
 
 def topk_positions_amd(scores: torch.Tensor, k: int, lengths: torch.Tensor) -> torch.Tensor:

@@ -83,7 +83,8 @@ def dense_mla_triton(
     softmax_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`dense_mla` in Triton (atomk31/triton_kernels/dense_mla.py): split-KV flash decoding
-    with bf16 tensor-core products, within ~1e-2 relative of the torch result."""
+    with bf16 tensor-core products for bf16 queries over a bf16 / fp8 latent (within ~1e-2
+    relative of the torch result); float32 products when either side is float32."""
     from atomk31.triton_kernels.dense_mla import dense_mla_triton as launch
 
     check_latent_cache(latent_cache, latent_scale)

@@ -50,8 +50,14 @@ def indexer_score_torch(
     row_request: torch.Tensor,
     row_position: torch.Tensor,
     block_size: int,
+    num_positions: int | None = None,
 ) -> torch.Tensor:
-    """Indexer scores [Nq, L] fp32 of every query row over its causal keys (module docstring)."""
+    """Indexer scores [Nq, L] fp32 of every query row over its causal keys (module docstring).
+
+    num_positions: L when the caller knows it on the host (the engine does: its batch's
+    largest position + 1); None reads max(row_position) + 1 from the device. A wider L gives
+    -inf columns; a narrower one is the caller's error and is not checked (that would read
+    the device too)."""
     check_index_cache(index_values, index_scales, index_format, fp8_variant)
     check_paged_rows(block_table, row_request, row_position, block_size)
     if index_values.shape[1] != block_size:
@@ -68,7 +74,10 @@ def indexer_score_torch(
             f"head_weights must be [Nq={num_rows}, H_I={num_heads}], got "
             f"{list(head_weights.shape)}"
         )
-    length = int(row_position.max()) + 1 if num_rows else 0
+    if num_positions is not None:
+        length = num_positions
+    else:
+        length = int(row_position.max()) + 1 if num_rows else 0
     scores = torch.full((num_rows, length), -torch.inf, device=q.device)
 
     # Quantized evaluation (§4.6): queries go through the keys' quantizer, per head.
@@ -103,13 +112,18 @@ def indexer_score_triton(
     row_request: torch.Tensor,
     row_position: torch.Tensor,
     block_size: int,
+    num_positions: int | None = None,
 ) -> torch.Tensor:
     """`indexer_score` in Triton (atomk31/triton_kernels/indexer_score.py): each request's keys
-    are read once for all its rows; same tolerance as the torch implementation."""
+    are read once for all its rows; same tolerance as the torch implementation.
+    num_positions: L = max(row_position) + 1 when the caller knows it on the host (no device
+    read). Hopper with e4m3fn keys and bf16 queries runs the fp8 tensor cores (fp32 sums every
+    32 products); float32 queries keep exact bf16 products."""
     from atomk31.triton_kernels.indexer_score import indexer_score_triton as launch
 
     return launch(q, head_weights, index_values, index_scales, index_format, fp8_variant,
-                  block_table, row_request, row_position, block_size)
+                  block_table, row_request, row_position, block_size,
+                  num_positions=num_positions)
 
 
 register("indexer_score", "torch", indexer_score_torch)

@@ -7,24 +7,35 @@ A program owns ROWS consecutive query rows and one chunk of key positions. For e
 among its rows it streams that request's keys page by page once and scores them against all
 ROWS x H_I query heads with one matrix product, [BLOCK_N, 128] x [128, ROWS*H_I]: the rows of
 one request (verification rows, prefill rows) share every key load. The keys are the
-product's left operand, converted in registers and fed from there, the quantized queries the
-right one (staged once); the sum over heads then runs along the accumulator's columns,
-inside threads, without a trip through shared memory.
+product's left operand, the quantized queries the right one (staged once in shared memory);
+the sum over heads then runs along the accumulator's columns. Memory: the block-table entries
+of TILE_GROUP tiles are read at once, so the key loads of the tile loop depend on no load of
+that loop and Triton's pipeliner keeps num_stages - 1 tiles in flight (a block-table read per
+tile inside the loop made it wait for every tile: one tile in flight).
 
 Numbers: queries are quantized in the kernel with the keys' quantizer (§9 #4), bit-exact with
-`quantize_index_keys`. FP8: the product runs on the e4m3 values themselves (exact in bf16,
-products exact, fp32 accumulation) and the scales come after, since relu(s_q s_k x) =
-s_q s_k relu(x) for positive scales: score = s_k * sum_h (w_h s_q,h) relu(q_codes · k_codes).
-MXFP4: every dequantized value (E2M1 value x 2^e) is exact in bf16, so one product of the
-dequantized values. Under the interpreter the products run in fp32 (its bf16 dot is wrong).
+`quantize_index_keys`. FP8: the product runs on the e4m3 values themselves and the scales
+come after, since relu(s_q s_k x) = s_q s_k relu(x) for positive scales:
+score = s_k * sum_h (w_h s_q,h) relu(q_codes · k_codes). In bf16 (e4m3 values are bf16
+values) the products are exact and accumulate in fp32; on the fp8 tensor cores Hopper
+accumulates with ~14 bits, so "fp8_acc32" adds the partial sums into fp32 registers every 32
+products (or K_SPLIT 4: four products of K = 32 summed in fp32). MXFP4: every dequantized
+value (E2M1 value x 2^e) is exact in bf16, so one bf16 product of the dequantized values.
+Under the interpreter the products run in fp32 (its bf16 dot is wrong).
 """
+
+from dataclasses import replace
 
 import torch
 import triton
 import triton.language as tl
 
-from atomk31.triton_kernels.runtime import runs_on_interpreter
-
+from atomk31.triton_kernels.indexer_score_config import (
+    DOTS,
+    FP8_ACC_INTERVALS,
+    IndexerScoreConfig,
+    default_config,
+)
 from atomk31.triton_kernels.kv_write import (
     FP8_INDEX_AMAX_FLOOR,
     FP8_MAX,
@@ -53,6 +64,87 @@ def mxfp4_dequantize_keys(b_packed, b_scale_bytes, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def split_columns_in_4(x, R: tl.constexpr):
+    """[R, 128] -> its four [R, 32] column groups, in order."""
+    x = tl.reshape(tl.permute(tl.reshape(x, (R, 4, 32)), (0, 2, 1)), (R, 32, 2, 2))
+    even_groups, odd_groups = tl.split(x)  # the last axis is group % 2
+    group_0, group_2 = tl.split(even_groups)
+    group_1, group_3 = tl.split(odd_groups)
+    return group_0, group_1, group_2, group_3
+
+
+@triton.jit
+def key_tile_product(b_k, b_q_t, USE_FP8_DOT: tl.constexpr, FP8_ACC_INTERVAL: tl.constexpr):
+    """[BLOCK_N, K] x [K, M] -> fp32. FP8_ACC_INTERVAL > 0 has Triton add the fp8 tensor
+    cores' partial sums into fp32 registers every that many K (Hopper accumulates fp8
+    products with ~14 bits in between)."""
+    if USE_FP8_DOT and FP8_ACC_INTERVAL > 0:
+        return tl.dot(b_k, b_q_t, max_num_imprecise_acc=FP8_ACC_INTERVAL)
+    else:
+        return tl.dot(b_k, b_q_t, input_precision="ieee")
+
+
+@triton.jit
+def fp8_key_columns(p_key, m_s, FIRST: tl.constexpr, o_columns, USE_FP8_DOT: tl.constexpr,
+                    DOT_DTYPE: tl.constexpr):
+    """Columns FIRST + o_columns of a tile of FP8 keys, as the product's operand."""
+    b_k = tl.load(p_key[:, None] + FIRST + o_columns[None, :], mask=m_s[:, None], other=0.0)
+    if USE_FP8_DOT:
+        return b_k
+    else:
+        return b_k.to(DOT_DTYPE)
+
+
+@triton.jit
+def score_key_tile(
+    values_ptr, scales_ptr, scores_ptr, b_block, start, key_end, chunk_end, block_size,
+    stride_values_b, stride_values_t, stride_scales_b, stride_scales_t, stride_scores_row,
+    o_r, m_rows, b_position, b_weight, b_q_t, b_q_t0, b_q_t1, b_q_t2, b_q_t3,
+    ROWS: tl.constexpr, HEADS_PAD: tl.constexpr, IS_MXFP4: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, USE_FP8_DOT: tl.constexpr, FP8_ACC_INTERVAL: tl.constexpr,
+    K_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Scores of the tile's rows (m_rows: one request's) over keys start .. start + BLOCK_N
+    in page(s) b_block (a scalar, or one per key), -inf past each row's position."""
+    o_s = start + tl.arange(0, BLOCK_N)
+    m_s = o_s < key_end
+    o_offset = (o_s % block_size).to(tl.int64)
+    p_key = values_ptr + b_block * stride_values_b + o_offset * stride_values_t
+    p_key_scale = scales_ptr + b_block * stride_scales_b + o_offset * stride_scales_t
+    if IS_MXFP4:
+        o_byte = tl.arange(0, 64)
+        o_group = tl.arange(0, 4)
+        b_packed = tl.load(p_key[:, None] + o_byte[None, :], mask=m_s[:, None], other=0)
+        b_scale_bytes = tl.load(p_key_scale[:, None] + o_group[None, :], mask=m_s[:, None],
+                                other=0)
+        b_k = mxfp4_dequantize_keys(b_packed, b_scale_bytes, BLOCK_N).to(DOT_DTYPE)
+        b_logits = tl.dot(b_k, b_q_t, input_precision="ieee")  # [BLOCK_N, M]
+    elif K_SPLIT == 4:
+        b_key_scale = tl.load(p_key_scale, mask=m_s, other=0.0)
+        o_k32 = tl.arange(0, 32)
+        b_logits = key_tile_product(fp8_key_columns(p_key, m_s, 0, o_k32, USE_FP8_DOT,
+                                                    DOT_DTYPE), b_q_t0, USE_FP8_DOT, 0)
+        b_logits += key_tile_product(fp8_key_columns(p_key, m_s, 32, o_k32, USE_FP8_DOT,
+                                                     DOT_DTYPE), b_q_t1, USE_FP8_DOT, 0)
+        b_logits += key_tile_product(fp8_key_columns(p_key, m_s, 64, o_k32, USE_FP8_DOT,
+                                                     DOT_DTYPE), b_q_t2, USE_FP8_DOT, 0)
+        b_logits += key_tile_product(fp8_key_columns(p_key, m_s, 96, o_k32, USE_FP8_DOT,
+                                                     DOT_DTYPE), b_q_t3, USE_FP8_DOT, 0)
+    else:
+        b_key_scale = tl.load(p_key_scale, mask=m_s, other=0.0)
+        b_k = fp8_key_columns(p_key, m_s, 0, tl.arange(0, 128), USE_FP8_DOT, DOT_DTYPE)
+        b_logits = key_tile_product(b_k, b_q_t, USE_FP8_DOT, FP8_ACC_INTERVAL)
+    b_logits = tl.maximum(b_logits, 0.0) * b_weight[None, :]
+    b_scores = tl.sum(tl.reshape(b_logits, (BLOCK_N, ROWS, HEADS_PAD)), axis=2)
+    if not IS_MXFP4:
+        b_scores = b_scores * b_key_scale[:, None]
+    is_future = o_s[:, None] > b_position[None, :]
+    b_scores = tl.where(is_future, float("-inf"), b_scores)  # [BLOCK_N, ROWS]
+    tl.store(scores_ptr + o_r[None, :].to(tl.int64) * stride_scores_row + o_s[:, None],
+             b_scores, mask=m_rows[None, :] & (o_s < chunk_end)[:, None])
+
+
+@triton.jit
 def indexer_score_kernel(
     # pointers
     q_ptr, head_weights_ptr, values_ptr, scales_ptr, block_table_ptr,
@@ -66,8 +158,11 @@ def indexer_score_kernel(
     # meta-parameters
     NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, ROWS: tl.constexpr,
     IS_MXFP4: tl.constexpr, FP8_MAX_VALUE: tl.constexpr, MIN_AMAX: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, USE_FP8_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, USE_FP8_DOT: tl.constexpr, FP8_ACC_INTERVAL: tl.constexpr,
+    K_SPLIT: tl.constexpr,  # 4: four products of K = 32 summed in fp32 (FP8 keys only)
+    BLOCK_N: tl.constexpr,
     PAGE_TILES: tl.constexpr,  # block_size % BLOCK_N == 0: no tile straddles two pages
+    TILE_GROUP: tl.constexpr,  # > 0 (PAGE_TILES only): block-table reads per TILE_GROUP tiles
 ):
     i_tile = tl.program_id(0)
     i_chunk = tl.program_id(1)
@@ -95,9 +190,15 @@ def indexer_score_kernel(
         b_q_dot, q_scale = fp8_group_quantize(b_q, FP8_MAX_VALUE, MIN_AMAX)
         b_weight = b_weight * q_scale
     if USE_FP8_DOT:
-        b_q_t = tl.trans(b_q_dot.to(values_ptr.dtype.element_ty))  # [128, M]
+        b_q_dot = b_q_dot.to(values_ptr.dtype.element_ty)
     else:
-        b_q_t = tl.trans(b_q_dot.to(DOT_DTYPE))
+        b_q_dot = b_q_dot.to(DOT_DTYPE)
+    b_q_t = tl.trans(b_q_dot)  # [128, M]
+    b_q_t0, b_q_t1, b_q_t2, b_q_t3 = b_q_t, b_q_t, b_q_t, b_q_t  # [32, M] each for K_SPLIT 4
+    if K_SPLIT == 4:
+        b_q_0, b_q_1, b_q_2, b_q_3 = split_columns_in_4(b_q_dot, M)
+        b_q_t0, b_q_t1 = tl.trans(b_q_0), tl.trans(b_q_1)
+        b_q_t2, b_q_t3 = tl.trans(b_q_2), tl.trans(b_q_3)
 
     chunk_start = i_chunk * keys_per_program
     chunk_end = tl.minimum(chunk_start + keys_per_program, num_positions)
@@ -110,41 +211,42 @@ def indexer_score_kernel(
             m_rows = b_request == request
             max_position = tl.max(tl.where(m_rows, b_position, -1))
             key_end = tl.minimum(chunk_end, max_position + 1)
-            for start in range(chunk_start, key_end, BLOCK_N):
-                o_s = start + tl.arange(0, BLOCK_N)
-                m_s = o_s < key_end
-                o_offset = (o_s % block_size).to(tl.int64)
-                if PAGE_TILES:  # the tile lies in one page: one block-table read
-                    b_block = tl.load(block_table_ptr + request.to(tl.int64) * stride_table_r
-                                      + start // block_size).to(tl.int64)
-                else:
-                    b_block = tl.load(block_table_ptr + request.to(tl.int64) * stride_table_r
-                                      + o_s // block_size, mask=m_s, other=0).to(tl.int64)
-                p_key = values_ptr + b_block * stride_values_b + o_offset * stride_values_t
-                p_key_scale = scales_ptr + b_block * stride_scales_b + o_offset * stride_scales_t
-                if IS_MXFP4:
-                    o_byte = tl.arange(0, 64)
-                    o_group = tl.arange(0, 4)
-                    b_packed = tl.load(p_key[:, None] + o_byte[None, :], mask=m_s[:, None],
-                                       other=0)
-                    b_scale_bytes = tl.load(p_key_scale[:, None] + o_group[None, :],
-                                            mask=m_s[:, None], other=0)
-                    b_k = mxfp4_dequantize_keys(b_packed, b_scale_bytes, BLOCK_N).to(DOT_DTYPE)
-                else:
-                    b_key_scale = tl.load(p_key_scale, mask=m_s, other=0.0)
-                    b_k = tl.load(p_key[:, None] + o_d[None, :], mask=m_s[:, None], other=0.0)
-                    if not USE_FP8_DOT:
-                        b_k = b_k.to(DOT_DTYPE)
-                b_logits = tl.dot(b_k, b_q_t, input_precision="ieee")  # [BLOCK_N, M]
-                b_logits = tl.maximum(b_logits, 0.0) * b_weight[None, :]
-                b_scores = tl.sum(tl.reshape(b_logits, (BLOCK_N, ROWS, HEADS_PAD)), axis=2)
-                if not IS_MXFP4:
-                    b_scores = b_scores * b_key_scale[:, None]
-                is_future = o_s[:, None] > b_position[None, :]
-                b_scores = tl.where(is_future, float("-inf"), b_scores)  # [BLOCK_N, ROWS]
-                tl.store(scores_ptr + o_r[None, :].to(tl.int64) * stride_scores_row
-                         + o_s[:, None], b_scores,
-                         mask=m_rows[None, :] & (o_s < chunk_end)[:, None])
+            if TILE_GROUP > 0:
+                # The pages of TILE_GROUP tiles read at once: the key loads of the inner loop
+                # then depend on no load of their own loop, so they pipeline num_stages deep.
+                o_group = tl.arange(0, TILE_GROUP)
+                for group_start in range(chunk_start, key_end, TILE_GROUP * BLOCK_N):
+                    o_tile_start = group_start + o_group * BLOCK_N
+                    b_pages = tl.load(block_table_ptr + request.to(tl.int64) * stride_table_r
+                                      + o_tile_start // block_size,
+                                      mask=o_tile_start < key_end, other=0)
+                    group_end = tl.minimum(group_start + TILE_GROUP * BLOCK_N, key_end)
+                    for start in range(group_start, group_end, BLOCK_N):
+                        b_block = tl.sum(tl.where(o_tile_start == start, b_pages, 0))
+                        score_key_tile(
+                            values_ptr, scales_ptr, scores_ptr, b_block.to(tl.int64), start,
+                            key_end, chunk_end, block_size, stride_values_b, stride_values_t,
+                            stride_scales_b, stride_scales_t, stride_scores_row, o_r, m_rows,
+                            b_position, b_weight, b_q_t, b_q_t0, b_q_t1, b_q_t2, b_q_t3,
+                            ROWS, HEADS_PAD, IS_MXFP4, DOT_DTYPE, USE_FP8_DOT,
+                            FP8_ACC_INTERVAL, K_SPLIT, BLOCK_N)
+            else:
+                for start in range(chunk_start, key_end, BLOCK_N):
+                    o_s = start + tl.arange(0, BLOCK_N)
+                    if PAGE_TILES:  # the tile lies in one page: one block-table read
+                        b_block = tl.load(block_table_ptr + request.to(tl.int64)
+                                          * stride_table_r + start // block_size)
+                    else:
+                        b_block = tl.load(block_table_ptr + request.to(tl.int64)
+                                          * stride_table_r + o_s // block_size,
+                                          mask=o_s < key_end, other=0)
+                    score_key_tile(
+                        values_ptr, scales_ptr, scores_ptr, b_block.to(tl.int64), start,
+                        key_end, chunk_end, block_size, stride_values_b, stride_values_t,
+                        stride_scales_b, stride_scales_t, stride_scores_row, o_r, m_rows,
+                        b_position, b_weight, b_q_t, b_q_t0, b_q_t1, b_q_t2, b_q_t3,
+                        ROWS, HEADS_PAD, IS_MXFP4, DOT_DTYPE, USE_FP8_DOT,
+                        FP8_ACC_INTERVAL, K_SPLIT, BLOCK_N)
             # Positions past every row of this request: -inf without reading keys.
             tail_start = chunk_start + tl.cdiv(tl.maximum(key_end - chunk_start, 0),
                                                BLOCK_N) * BLOCK_N
@@ -167,14 +269,17 @@ def indexer_score_triton(
     row_position: torch.Tensor,
     block_size: int,
     use_fp8_dot: bool = False,
+    num_positions: int | None = None,
+    config: IndexerScoreConfig | None = None,
 ) -> torch.Tensor:
     """Indexer scores [Nq, L] fp32, L = max(row_position) + 1 (contract: ops/indexer_score).
 
     q [Nq, H_I, 128], head_weights [Nq, H_I], index_values / index_scales one layer's key
     pages (contiguous last dim), block_table [N, max_blocks], row_request / row_position [Nq].
-    `use_fp8_dot` runs the products on the fp8 tensor cores instead (e4m3fn keys only): twice
-    the rate, but Hopper accumulates fp8 products with ~14 bits (on an H200: ~5e-5 apart from
-    the bf16 path at scores of ~3, past the op's 1e-5), so the registered op does not use it.
+    num_positions: L when the caller knows it (host-side metadata): saves reading
+      max(row_position) back from the device. Rows see keys up to min(position, L - 1).
+    config: the product and tiling (default: `default_config`); `use_fp8_dot` asks for the
+      fp8 tensor cores ("fp8", e4m3fn keys only) on the default tiling.
     """
     del fp8_variant  # the dtype of index_values says it
     num_rows = row_request.shape[0]
@@ -195,31 +300,45 @@ def indexer_score_triton(
             f"index_values must be [num_blocks, block_size={block_size}, ...] with a "
             f"contiguous last dim, got shape {list(index_values.shape)} strides "
             f"{index_values.stride()}")
-    if use_fp8_dot and (index_format != "fp8" or index_values.dtype != torch.float8_e4m3fn):
-        raise ValueError("use_fp8_dot needs e4m3fn fp8 keys")
-    num_positions = int(row_position.max()) + 1 if num_rows else 0
+    if config is None:
+        config = default_config(indexer_score_kernel, q.dtype, index_values.dtype, index_format)
+        if use_fp8_dot:
+            config = replace(config, dot="fp8", k_split=1)
+    is_fp8_dot = config.dot.startswith("fp8")
+    if config.dot not in DOTS or config.k_split not in (1, 4):
+        raise ValueError(f"config.dot must be one of {DOTS} and k_split 1 or 4, got "
+                         f"{config.dot!r}, {config.k_split}")
+    if is_fp8_dot and (index_format != "fp8" or index_values.dtype != torch.float8_e4m3fn):
+        raise ValueError(f"an fp8 dot ({config.dot!r}) needs e4m3fn fp8 keys, got "
+                         f"{index_format} {index_values.dtype}")
+    if config.k_split == 4 and index_format != "fp8":
+        raise ValueError("k_split=4 is for fp8 keys, got mxfp4")
+    if num_positions is None:
+        num_positions = int(row_position.max()) + 1 if num_rows else 0  # a device sync
+    elif num_positions < 0:
+        raise ValueError(f"num_positions must be >= 0, got {num_positions}")
     scores = torch.empty(num_rows, num_positions, dtype=torch.float32, device=q.device)
     if num_rows == 0 or num_positions == 0:
         return scores
     if q.stride(-1) != 1:
         q = q.contiguous()
 
-    # Triton's interpreter (TRITON_INTERPRET=1 at import) runs fp32 products (its bf16 dot
-    # is wrong) on small tiles; a compile-only driver still gets the GPU configuration.
-    is_interpreter = runs_on_interpreter(indexer_score_kernel)
     # Rows per program: about the rows of one request (host-known Nq / N), at least 16 query
     # vectors (the smallest tensor-core product) and at most MAX_QUERY_VECTORS.
     rows_per_request = triton.cdiv(num_rows, max(1, block_table.shape[0]))
     rows = max(triton.next_power_of_2(rows_per_request), max(1, 16 // heads_pad))
     rows = min(rows, max(1, MAX_QUERY_VECTORS // heads_pad))
-    block_n = 64 if is_interpreter else 128
+    block_n = config.block_n
     num_row_tiles = triton.cdiv(num_rows, rows)
     num_key_tiles = triton.cdiv(num_positions, block_n)
-    num_programs_wanted = 1 if is_interpreter else 4 * _num_sms(q.device)
+    num_programs_wanted = config.programs_per_sm * _num_sms(q.device)
     num_chunks = min(num_key_tiles, max(1, triton.cdiv(num_programs_wanted, num_row_tiles)))
     keys_per_program = triton.cdiv(num_key_tiles, num_chunks) * block_n
     num_chunks = triton.cdiv(num_positions, keys_per_program)
-    query_vectors = rows * heads_pad
+    num_warps = config.num_warps
+    if num_warps is None:
+        num_warps = 8 if block_n * rows * heads_pad >= 128 * 128 else 4
+    register_cap = {} if config.max_registers is None else {"maxnreg": config.max_registers}
     indexer_score_kernel[(num_row_tiles, num_chunks)](
         q, head_weights, index_values, index_scales, block_table,
         row_request, row_position, scores,
@@ -232,12 +351,16 @@ def indexer_score_triton(
         IS_MXFP4=index_format == "mxfp4",
         FP8_MAX_VALUE=FP8_MAX.get(index_values.dtype, 448.0),
         MIN_AMAX=FP8_INDEX_AMAX_FLOOR,
-        DOT_DTYPE=tl.float32 if is_interpreter else tl.bfloat16,
-        USE_FP8_DOT=use_fp8_dot,
+        DOT_DTYPE=tl.float32 if config.dot == "fp32" else tl.bfloat16,
+        USE_FP8_DOT=is_fp8_dot,
+        FP8_ACC_INTERVAL=FP8_ACC_INTERVALS.get(config.dot, 0),
+        K_SPLIT=config.k_split,
         BLOCK_N=block_n,
         PAGE_TILES=block_size % block_n == 0,
-        num_warps=8 if block_n * query_vectors >= 128 * 128 else 4,
-        num_stages=3,
+        TILE_GROUP=config.tile_group if block_size % block_n == 0 else 0,
+        num_warps=num_warps,
+        num_stages=config.num_stages,
+        **register_cap,
     )
     return scores
 

@@ -1,30 +1,41 @@
 """KDA chunked prefill in Triton over variable-length requests (MODEL_SPEC §4.4, chunked form).
 
 The contract is ``kda_prefill`` of ``atomk31/ops/kda_prefill.py``; this file holds no kernel.
-It plans the chunks on the host, then runs the two stages in order:
+It plans the chunks on the host, then runs the stages in order:
 
 1. ``kda_prefill_intra`` (one program per chunk and head, all in parallel): the chunk-local
    scores, the unit lower-triangular solve and the gated keys/queries;
 2. ``kda_prefill_state`` (one program per request, head and value block, chunk after
-   chunk): the state, the output and the snapshots.
+   chunk): the state, the snapshots, and either the output (fused) or, by default, the
+   state before each chunk and V' for stage 3;
+3. ``kda_prefill_output`` (one program per chunk, head and value block, in parallel): the
+   output, so that the sequential stage 2 does only its two products per chunk.
 
 Chunk table: each request is cut every 64 tokens and at every snapshot point ``m`` of its
 ``snapshot_at`` rows, so a snapshot is the state after a chunk, recorded as the chunk ends,
 never reconstructed. Snapshots at ``m = 0`` are the initial state; repeated rows are copies.
 
 Intermediates are kept in the input's dtype (BF16 inputs -> BF16 w/qg/kd/u, as
-flash-linear-attention does), except the scores and every state, which stay fp32; matrix
-products use TF32 on the GPU. Memory: about ``T * H * (3K + V + BT) * itemsize`` for the
-intermediates (~0.1 MB per token at H = 96, BF16).
+flash-linear-attention does), except the scores and every carried state, which stay fp32.
+Products: IEEE fp32 for fp32 inputs; with BF16 intermediates, BF16 operands in stages 2 and
+3 (the state and V' rounded for the product, fp32 accumulation, as fla does) and TF32 in
+stage 1. Memory: about ``T * H * (3K + 2V + BT + KV/BT) * itemsize`` for the intermediates
+(~0.15 MB per token at H = 96, BF16).
 
 Limits: chunk_size 64 only; each per-token decay g must be >= -5.8 (see kda_prefill_intra.py;
 K3.1's gate floor is -5). Planning reads cu_seqlens and snapshot_at on the host (one sync).
 """
 
 import torch
+from triton.runtime import driver
 
-from atomk31.triton_kernels.kda_prefill_intra import CHUNK_SIZE, kda_prefill_intra
+from atomk31.triton_kernels.kda_prefill_intra import (
+    CHUNK_SIZE, kda_prefill_intra, kda_prefill_intra_kernel,
+)
+from atomk31.triton_kernels.kda_prefill_output import kda_prefill_output
 from atomk31.triton_kernels.kda_prefill_state import kda_prefill_state
+from atomk31.triton_kernels.kda_prefill_tuning import KdaPrefillTuning
+from atomk31.triton_kernels.runtime import runs_on_interpreter
 
 
 def kda_prefill_triton(
@@ -39,8 +50,7 @@ def kda_prefill_triton(
     chunk_size: int = 64,
     snapshot_at: torch.Tensor | None = None,
     intermediate_dtype: torch.dtype | None = None,
-    block_v: int | None = None,
-    num_stages: int | None = None,
+    tuning: KdaPrefillTuning | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Chunked KDA -> (o [T, H, V] in v.dtype, final_state fp32 [N, H, K, V],
     snapshots fp32 [M, H, K, V] | None).
@@ -48,7 +58,8 @@ def kda_prefill_triton(
     q, k: [T, H, K] raw; v: [T, H, V]; g: fp32 [T, H, K] log-decay; beta: fp32 [T, H];
     initial_state: fp32 [N, H, K, V] (not modified); cu_seqlens: int32 [N+1];
     snapshot_at: int64 [M, 2] rows (request, tokens). ``intermediate_dtype`` (default: v's
-    dtype when it is BF16/FP16, else fp32), ``block_v`` and ``num_stages`` are tuning knobs.
+    dtype when it is BF16/FP16, else fp32) and ``tuning`` (kda_prefill_tuning.py) are
+    tuning knobs.
     """
     if chunk_size != CHUNK_SIZE:
         raise ValueError(f"kda_prefill (triton) supports chunk_size={CHUNK_SIZE} only, got "
@@ -57,7 +68,7 @@ def kda_prefill_triton(
     bounds = cu_seqlens.tolist()
     snapshot_rows = [] if snapshot_at is None else snapshot_at.tolist()
     _check_bounds(bounds, snapshot_rows, q.shape[0])
-    plan = _plan_chunks(bounds, snapshot_rows)
+    plan = plan_chunks(bounds, snapshot_rows)
     device = q.device
     table = {name: torch.tensor(values, dtype=torch.int32, device=device)
              for name, values in plan.items() if name != "copies"}
@@ -65,23 +76,41 @@ def kda_prefill_triton(
     g, beta = g.float().contiguous(), beta.float().contiguous()
     if intermediate_dtype is None:
         intermediate_dtype = v.dtype if v.dtype in (torch.bfloat16, torch.float16) else torch.float32
+    tuning = tuning or default_tuning()
     intra = kda_prefill_intra(q, k, v, g, beta, table["chunk_start"], table["chunk_len"], scale,
-                              intermediate_dtype)
+                              intermediate_dtype, tuning.intra_num_warps,
+                              tuning.intra_cache_right)
     num_snapshots = len(snapshot_rows)
     snapshots = torch.empty((max(num_snapshots, 1),) + tuple(initial_state.shape[1:]),
                             dtype=torch.float32, device=device)
     o = torch.empty(v.shape, dtype=v.dtype, device=device)
-    final_state = kda_prefill_state(intra, initial_state.contiguous(), o, snapshots,
-                                    table["chunk_start"], table["chunk_len"],
-                                    table["chunk_snapshot"], table["request_chunks"],
-                                    block_v=block_v, num_stages=num_stages)
+    final_state, stage2 = kda_prefill_state(intra, initial_state.contiguous(), o, snapshots,
+                                            table["chunk_start"], table["chunk_len"],
+                                            table["chunk_snapshot"], table["request_chunks"],
+                                            tuning)
+    if stage2 is not None:
+        kda_prefill_output(intra, stage2, o, table["chunk_start"], table["chunk_len"],
+                           tuning.bf16_products, tuning.output_block_v)
     for target, source in plan["copies"]:
         snapshots[target] = initial_state[source[1]] if source[0] == "initial" \
             else snapshots[source[1]]
     return o, final_state, snapshots[:num_snapshots] if snapshot_at is not None else None
 
 
-def _plan_chunks(bounds: list[int], snapshot_rows: list[list[int]]) -> dict[str, list]:
+def default_tuning() -> KdaPrefillTuning:
+    """The launchers' choices, per target. AMD: a lane has 512 VGPRs, 256 for two waves per
+    SIMD; 8-warp stage 1, 64-wide stage 3 and (gfx942) unpipelined stage 2 stay within them
+    (4 warps / 128-wide / 2 stages need 264-290)."""
+    if runs_on_interpreter(kda_prefill_intra_kernel):
+        return KdaPrefillTuning()
+    target = driver.active.get_current_target()
+    if target.backend != "hip":
+        return KdaPrefillTuning()
+    return KdaPrefillTuning(intra_num_warps=8, output_block_v=64,
+                            num_stages=1 if target.arch == "gfx942" else None)
+
+
+def plan_chunks(bounds: list[int], snapshot_rows: list[list[int]]) -> dict[str, list]:
     """Cut each request every CHUNK_SIZE tokens and at its snapshot points.
 
     Returns chunk_start / chunk_len / chunk_snapshot (snapshot index written after the chunk,

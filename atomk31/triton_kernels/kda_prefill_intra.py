@@ -74,12 +74,11 @@ def _l2_normalize(b_x):
 
 
 @triton.jit
-def _gated_key_and_value(
-    k_ptr, v_ptr, g_ptr, beta_ptr, t0, length, i_h, i_j: tl.constexpr, b_carry,
-    stride_k, stride_v, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BC: tl.constexpr,
-    BLOCK_K: tl.constexpr, o_v, m_v,
+def _gated_key(
+    k_ptr, g_ptr, beta_ptr, t0, length, i_h, i_j: tl.constexpr, b_carry, stride_k,
+    H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Right-hand sides of sub-chunk i_j: (β ⊙ exp(Γ) ⊙ k̂, β ⊙ v, Γ at its last row)."""
+    """Right-hand side of w for sub-chunk i_j: (β ⊙ exp(Γ) ⊙ k̂, Γ at its last row)."""
     o_k = tl.arange(0, BLOCK_K)
     m_k = o_k < K
     o_j = i_j * BC + tl.arange(0, BC)
@@ -87,12 +86,120 @@ def _gated_key_and_value(
     rows = (t0 + o_j).to(tl.int64)
     b_k = _l2_normalize(_load_rows(k_ptr + i_h * K, rows, stride_k, o_k, m_j, m_k))
     b_g = _load_rows(g_ptr + i_h * K, rows, H * K, o_k, m_j, m_k)
-    b_v = _load_rows(v_ptr + i_h * V, rows, stride_v, o_v, m_j, m_v)
     b_beta = tl.load(beta_ptr + rows * H + i_h, mask=m_j, other=0.0).to(tl.float32)
     b_gamma = b_carry[None, :] + tl.cumsum(b_g, axis=0)
-    b_x = b_beta[:, None] * tl.exp(b_gamma) * b_k
-    b_y = b_beta[:, None] * b_v
-    return b_x, b_y, b_carry + tl.sum(b_g, axis=0)
+    return b_beta[:, None] * tl.exp(b_gamma) * b_k, b_carry + tl.sum(b_g, axis=0)
+
+
+@triton.jit
+def _weighted_value(
+    v_ptr, beta_ptr, t0, length, i_h, i_j: tl.constexpr, stride_v, H: tl.constexpr,
+    V: tl.constexpr, BC: tl.constexpr, o_v, m_v,
+):
+    """Right-hand side of u for sub-chunk i_j: β ⊙ v."""
+    o_j = i_j * BC + tl.arange(0, BC)
+    m_j = o_j < length
+    rows = (t0 + o_j).to(tl.int64)
+    b_v = _load_rows(v_ptr + i_h * V, rows, stride_v, o_v, m_j, m_v)
+    b_beta = tl.load(beta_ptr + rows * H + i_h, mask=m_j, other=0.0).to(tl.float32)
+    return b_beta[:, None] * b_v
+
+
+@triton.jit
+def _apply_inverse(
+    b_p00, b_p10, b_p11, b_p20, b_p21, b_p22, b_p30, b_p31, b_p32, b_p33,
+    b_x0, b_x1, b_x2, b_x3, out_ptr, base, BT: tl.constexpr, BC: tl.constexpr,
+    D: tl.constexpr, o_d, m_d, DOT_PRECISION: tl.constexpr,
+):
+    """out [BT, D] rows of this (chunk, head) = P x, with P block lower-triangular in
+    16-row sub-chunks and x given as its four [BC, BLOCK_D] sub-chunks."""
+    b_out = tl.dot(b_p00, b_x0, input_precision=DOT_PRECISION)
+    _store_sub_chunk(out_ptr, base, 0, BT, BC, D, o_d, m_d, b_out)
+    b_out = tl.dot(b_p10, b_x0, input_precision=DOT_PRECISION)
+    b_out = tl.dot(b_p11, b_x1, b_out, input_precision=DOT_PRECISION)
+    _store_sub_chunk(out_ptr, base, 1, BT, BC, D, o_d, m_d, b_out)
+    b_out = tl.dot(b_p20, b_x0, input_precision=DOT_PRECISION)
+    b_out = tl.dot(b_p21, b_x1, b_out, input_precision=DOT_PRECISION)
+    b_out = tl.dot(b_p22, b_x2, b_out, input_precision=DOT_PRECISION)
+    _store_sub_chunk(out_ptr, base, 2, BT, BC, D, o_d, m_d, b_out)
+    b_out = tl.dot(b_p30, b_x0, input_precision=DOT_PRECISION)
+    b_out = tl.dot(b_p31, b_x1, b_out, input_precision=DOT_PRECISION)
+    b_out = tl.dot(b_p32, b_x2, b_out, input_precision=DOT_PRECISION)
+    b_out = tl.dot(b_p33, b_x3, b_out, input_precision=DOT_PRECISION)
+    _store_sub_chunk(out_ptr, base, 3, BT, BC, D, o_d, m_d, b_out)
+
+
+@triton.jit
+def _store_sub_chunk(out_ptr, base, i_i: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                     D: tl.constexpr, o_d, m_d, b_out):
+    p_rows = (base * BT + i_i * BC + tl.arange(0, BC))[:, None]
+    tl.store(out_ptr + p_rows * D + o_d[None, :], b_out.to(out_ptr.dtype.element_ty),
+             mask=m_d[None, :])
+
+
+@triton.jit
+def _row_sub_chunk(
+    q_ptr, k_ptr, g_ptr, beta_ptr, qg_ptr, kd_ptr, t0, length, i_h, i_i, b_carry, b_g_total,
+    base, stride_q, stride_k, scale, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+    BC: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Row sub-chunk i_i (b_carry = Γ at its start): stores its qg and kd rows and returns
+    (q̂, k̂, β, Γ, Γ at its last row)."""
+    o_k = tl.arange(0, BLOCK_K)
+    m_k = o_k < K
+    o_i = i_i * BC + tl.arange(0, BC)
+    m_i = o_i < length
+    rows = t0 + o_i
+    b_q = _l2_normalize(_load_rows(q_ptr + i_h * K, rows, stride_q, o_k, m_i, m_k)) * scale
+    b_k = _l2_normalize(_load_rows(k_ptr + i_h * K, rows, stride_k, o_k, m_i, m_k))
+    b_g = _load_rows(g_ptr + i_h * K, rows, H * K, o_k, m_i, m_k)
+    b_beta = tl.load(beta_ptr + rows * H + i_h, mask=m_i, other=0.0).to(tl.float32)
+    b_gamma = b_carry[None, :] + tl.cumsum(b_g, axis=0)
+    p_rows = (base * BT + o_i)[:, None]
+    tl.store(qg_ptr + p_rows * K + o_k[None, :],
+             (b_q * tl.exp(b_gamma)).to(qg_ptr.dtype.element_ty), mask=m_k[None, :])
+    tl.store(kd_ptr + p_rows * K + o_k[None, :],
+             (b_k * tl.exp(b_g_total[None, :] - b_gamma)).to(kd_ptr.dtype.element_ty),
+             mask=m_k[None, :])
+    return b_q, b_k, b_beta, b_gamma, b_carry + tl.sum(b_g, axis=0)
+
+
+@triton.jit
+def _right_tile(
+    k_ptr, g_ptr, t0, length, i_h, i_j, b_carry, stride_k, H: tl.constexpr, K: tl.constexpr,
+    BC: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Column sub-chunk i_j (b_carry = Γ at its start) -> (k̂ exp(Γ_ref - Γ), Γ_ref), with
+    Γ_ref = Γ at its last row: exponents in [0, 15 x 5.8], inside fp32's range."""
+    o_k = tl.arange(0, BLOCK_K)
+    m_k = o_k < K
+    o_j = i_j * BC + tl.arange(0, BC)
+    rows = t0 + o_j
+    b_k = _l2_normalize(_load_rows(k_ptr + i_h * K, rows, stride_k, o_k, o_j < length, m_k))
+    b_g = _load_rows(g_ptr + i_h * K, rows, H * K, o_k, o_j < length, m_k)
+    b_gamma = b_carry[None, :] + tl.cumsum(b_g, axis=0)
+    b_gamma_ref = b_carry + tl.sum(b_g, axis=0)
+    return b_k * tl.exp(b_gamma_ref[None, :] - b_gamma), b_gamma_ref
+
+
+@triton.jit
+def _score_tiles(
+    akk_ptr, aqk_ptr, base, i_i, i_j, b_q, b_k, b_beta, b_gamma_i, b_right, b_gamma_ref,
+    BT: tl.constexpr, BC: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Tiles (i_i, i_j) of L (β-weighted, strictly lower) and of A (lower, with diagonal)."""
+    o_i = i_i * BC + tl.arange(0, BC)
+    o_j = i_j * BC + tl.arange(0, BC)
+    # exp(Γ_i - Γ_j) = exp(Γ_i - Γ_ref) * exp(Γ_ref - Γ_j), each factor in range.
+    b_left = tl.exp(b_gamma_i - b_gamma_ref[None, :])
+    b_akk = tl.dot(b_k * b_left, tl.trans(b_right), input_precision=DOT_PRECISION)
+    b_aqk = tl.dot(b_q * b_left, tl.trans(b_right), input_precision=DOT_PRECISION)
+    is_below = i_j < i_i
+    b_akk = tl.where((o_i[:, None] > o_j[None, :]) | is_below, b_akk * b_beta[:, None], 0.0)
+    b_aqk = tl.where((o_i[:, None] >= o_j[None, :]) | is_below, b_aqk, 0.0)
+    p_tile = (base * BT + o_i)[:, None] * BT + o_j[None, :]
+    tl.store(akk_ptr + p_tile, b_akk)
+    tl.store(aqk_ptr + p_tile, b_aqk.to(aqk_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -106,6 +213,7 @@ def kda_prefill_intra_kernel(
     # meta-parameters
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    CACHE_RIGHT: tl.constexpr,
 ):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     t0 = tl.load(chunk_start_ptr + i_c).to(tl.int64)
@@ -120,45 +228,48 @@ def kda_prefill_intra_kernel(
     tl.store(decay_ptr + base * K + o_k, tl.exp(b_g_total), mask=m_k)
 
     # Phase 1, per row sub-chunk i_i: qg, kd and the score tiles A[i_i, 0..i_i].
-    b_carry_i = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for i_i in range(0, BT // BC):
-        o_i = i_i * BC + tl.arange(0, BC)
-        m_i = o_i < length
-        rows = t0 + o_i
-        b_q = _l2_normalize(_load_rows(q_ptr + i_h * K, rows, stride_q, o_k, m_i, m_k)) * scale
-        b_k = _l2_normalize(_load_rows(k_ptr + i_h * K, rows, stride_k, o_k, m_i, m_k))
-        b_g = _load_rows(g_ptr + i_h * K, rows, H * K, o_k, m_i, m_k)
-        b_beta = tl.load(beta_ptr + rows * H + i_h, mask=m_i, other=0.0).to(tl.float32)
-        b_gamma_i = b_carry_i[None, :] + tl.cumsum(b_g, axis=0)
-        p_rows = (base * BT + o_i)[:, None]
-        tl.store(qg_ptr + p_rows * K + o_k[None, :],
-                 (b_q * tl.exp(b_gamma_i)).to(qg_ptr.dtype.element_ty), mask=m_k[None, :])
-        tl.store(kd_ptr + p_rows * K + o_k[None, :],
-                 (b_k * tl.exp(b_g_total[None, :] - b_gamma_i)).to(kd_ptr.dtype.element_ty),
-                 mask=m_k[None, :])
-        b_carry_j = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for i_j in range(0, i_i + 1):
-            o_j = i_j * BC + tl.arange(0, BC)
-            rows_j = t0 + o_j
-            b_kj = _l2_normalize(_load_rows(k_ptr + i_h * K, rows_j, stride_k, o_k,
-                                            o_j < length, m_k))
-            b_gj = _load_rows(g_ptr + i_h * K, rows_j, H * K, o_k, o_j < length, m_k)
-            b_gamma_j = b_carry_j[None, :] + tl.cumsum(b_gj, axis=0)
-            b_gamma_ref = b_carry_j + tl.sum(b_gj, axis=0)          # Γ at sub-chunk j's end
-            # exp(Γ_i - Γ_j) = exp(Γ_i - Γ_ref) * exp(Γ_ref - Γ_j), each factor in range.
-            b_right = b_kj * tl.exp(b_gamma_ref[None, :] - b_gamma_j)
-            b_left = tl.exp(b_gamma_i - b_gamma_ref[None, :])
-            b_akk = tl.dot(b_k * b_left, tl.trans(b_right), input_precision=DOT_PRECISION)
-            b_aqk = tl.dot(b_q * b_left, tl.trans(b_right), input_precision=DOT_PRECISION)
-            is_below = i_j < i_i
-            b_akk = tl.where((o_i[:, None] > o_j[None, :]) | is_below,
-                             b_akk * b_beta[:, None], 0.0)
-            b_aqk = tl.where((o_i[:, None] >= o_j[None, :]) | is_below, b_aqk, 0.0)
-            p_tile = p_rows * BT + o_j[None, :]
-            tl.store(akk_ptr + p_tile, b_akk)
-            tl.store(aqk_ptr + p_tile, b_aqk.to(aqk_ptr.dtype.element_ty))
-            b_carry_j = b_gamma_ref
-        b_carry_i = b_carry_i + tl.sum(b_g, axis=0)
+    if CACHE_RIGHT:
+        # The four right-hand tiles k̂_j exp(Γ_ref - Γ_j) computed once and kept in registers.
+        b_right0, b_ref0 = _right_tile(k_ptr, g_ptr, t0, length, i_h, 0, tl.zeros([BLOCK_K],
+                                       dtype=tl.float32), stride_k, H, K, BC, BLOCK_K)
+        b_right1, b_ref1 = _right_tile(k_ptr, g_ptr, t0, length, i_h, 1, b_ref0, stride_k, H, K,
+                                       BC, BLOCK_K)
+        b_right2, b_ref2 = _right_tile(k_ptr, g_ptr, t0, length, i_h, 2, b_ref1, stride_k, H, K,
+                                       BC, BLOCK_K)
+        b_right3, b_ref3 = _right_tile(k_ptr, g_ptr, t0, length, i_h, 3, b_ref2, stride_k, H, K,
+                                       BC, BLOCK_K)
+        b_carry_i = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for i_i in tl.static_range(BT // BC):
+            b_q, b_k, b_beta, b_gamma_i, b_carry_next = _row_sub_chunk(
+                q_ptr, k_ptr, g_ptr, beta_ptr, qg_ptr, kd_ptr, t0, length, i_h, i_i, b_carry_i,
+                b_g_total, base, stride_q, stride_k, scale, H, K, BT, BC, BLOCK_K)
+            for i_j in tl.static_range(i_i + 1):
+                if i_j == 0:
+                    b_right, b_gamma_ref = b_right0, b_ref0
+                elif i_j == 1:
+                    b_right, b_gamma_ref = b_right1, b_ref1
+                elif i_j == 2:
+                    b_right, b_gamma_ref = b_right2, b_ref2
+                else:
+                    b_right, b_gamma_ref = b_right3, b_ref3
+                _score_tiles(akk_ptr, aqk_ptr, base, i_i, i_j, b_q, b_k, b_beta, b_gamma_i,
+                             b_right, b_gamma_ref, BT, BC, DOT_PRECISION)
+            b_carry_i = b_carry_next
+    else:
+        # The right-hand tiles recomputed for every row sub-chunk: fewer live registers.
+        b_carry_i = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for i_i in range(0, BT // BC):
+            b_q, b_k, b_beta, b_gamma_i, b_carry_next = _row_sub_chunk(
+                q_ptr, k_ptr, g_ptr, beta_ptr, qg_ptr, kd_ptr, t0, length, i_h, i_i, b_carry_i,
+                b_g_total, base, stride_q, stride_k, scale, H, K, BT, BC, BLOCK_K)
+            b_carry_j = tl.zeros([BLOCK_K], dtype=tl.float32)
+            for i_j in range(0, i_i + 1):
+                b_right, b_gamma_ref = _right_tile(k_ptr, g_ptr, t0, length, i_h, i_j, b_carry_j,
+                                                   stride_k, H, K, BC, BLOCK_K)
+                _score_tiles(akk_ptr, aqk_ptr, base, i_i, i_j, b_q, b_k, b_beta, b_gamma_i,
+                             b_right, b_gamma_ref, BT, BC, DOT_PRECISION)
+                b_carry_j = b_gamma_ref
+            b_carry_i = b_carry_next
 
     # Phase 2 reads the L tiles this program wrote: make them visible to all its threads.
     tl.debug_barrier()
@@ -182,52 +293,25 @@ def kda_prefill_intra_kernel(
     b_p30 = -_ieee_dot(b_p33, _ieee_dot(b_a30, b_p00) + _ieee_dot(b_a31, b_p10)
                        + _ieee_dot(b_a32, b_p20))
 
-    # Phase 2b: w = P (β exp(Γ) k̂), u = P (β v), one row sub-chunk at a time.
+    # Phase 2b: w = P (β exp(Γ) k̂), then u = P (β v): one right-hand side at a time keeps
+    # only four [BC, BLOCK_*] sub-chunks live.
     b_carry = tl.zeros([BLOCK_K], dtype=tl.float32)
-    b_x0, b_y0, b_carry = _gated_key_and_value(k_ptr, v_ptr, g_ptr, beta_ptr, t0, length, i_h, 0,
-                                               b_carry, stride_k, stride_v, H, K, V, BC, BLOCK_K,
-                                               o_v, m_v)
-    b_x1, b_y1, b_carry = _gated_key_and_value(k_ptr, v_ptr, g_ptr, beta_ptr, t0, length, i_h, 1,
-                                               b_carry, stride_k, stride_v, H, K, V, BC, BLOCK_K,
-                                               o_v, m_v)
-    b_x2, b_y2, b_carry = _gated_key_and_value(k_ptr, v_ptr, g_ptr, beta_ptr, t0, length, i_h, 2,
-                                               b_carry, stride_k, stride_v, H, K, V, BC, BLOCK_K,
-                                               o_v, m_v)
-    b_x3, b_y3, b_carry = _gated_key_and_value(k_ptr, v_ptr, g_ptr, beta_ptr, t0, length, i_h, 3,
-                                               b_carry, stride_k, stride_v, H, K, V, BC, BLOCK_K,
-                                               o_v, m_v)
-    _store_rows(w_ptr, u_ptr, base, 0, BT, BC, K, V, o_k, o_v, m_k, m_v,
-                tl.dot(b_p00, b_x0, input_precision=DOT_PRECISION),
-                tl.dot(b_p00, b_y0, input_precision=DOT_PRECISION))
-    _store_rows(w_ptr, u_ptr, base, 1, BT, BC, K, V, o_k, o_v, m_k, m_v,
-                tl.dot(b_p10, b_x0, tl.dot(b_p11, b_x1, input_precision=DOT_PRECISION),
-                       input_precision=DOT_PRECISION),
-                tl.dot(b_p10, b_y0, tl.dot(b_p11, b_y1, input_precision=DOT_PRECISION),
-                       input_precision=DOT_PRECISION))
-    b_w2 = tl.dot(b_p20, b_x0, input_precision=DOT_PRECISION)
-    b_w2 = tl.dot(b_p21, b_x1, b_w2, input_precision=DOT_PRECISION)
-    b_w2 = tl.dot(b_p22, b_x2, b_w2, input_precision=DOT_PRECISION)
-    b_u2 = tl.dot(b_p20, b_y0, input_precision=DOT_PRECISION)
-    b_u2 = tl.dot(b_p21, b_y1, b_u2, input_precision=DOT_PRECISION)
-    b_u2 = tl.dot(b_p22, b_y2, b_u2, input_precision=DOT_PRECISION)
-    _store_rows(w_ptr, u_ptr, base, 2, BT, BC, K, V, o_k, o_v, m_k, m_v, b_w2, b_u2)
-    b_w3 = tl.dot(b_p30, b_x0, input_precision=DOT_PRECISION)
-    b_w3 = tl.dot(b_p31, b_x1, b_w3, input_precision=DOT_PRECISION)
-    b_w3 = tl.dot(b_p32, b_x2, b_w3, input_precision=DOT_PRECISION)
-    b_w3 = tl.dot(b_p33, b_x3, b_w3, input_precision=DOT_PRECISION)
-    b_u3 = tl.dot(b_p30, b_y0, input_precision=DOT_PRECISION)
-    b_u3 = tl.dot(b_p31, b_y1, b_u3, input_precision=DOT_PRECISION)
-    b_u3 = tl.dot(b_p32, b_y2, b_u3, input_precision=DOT_PRECISION)
-    b_u3 = tl.dot(b_p33, b_y3, b_u3, input_precision=DOT_PRECISION)
-    _store_rows(w_ptr, u_ptr, base, 3, BT, BC, K, V, o_k, o_v, m_k, m_v, b_w3, b_u3)
-
-
-@triton.jit
-def _store_rows(w_ptr, u_ptr, base, i_i: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                K: tl.constexpr, V: tl.constexpr, o_k, o_v, m_k, m_v, b_w, b_u):
-    p_rows = (base * BT + i_i * BC + tl.arange(0, BC))[:, None]
-    tl.store(w_ptr + p_rows * K + o_k[None, :], b_w.to(w_ptr.dtype.element_ty), mask=m_k[None, :])
-    tl.store(u_ptr + p_rows * V + o_v[None, :], b_u.to(u_ptr.dtype.element_ty), mask=m_v[None, :])
+    b_x0, b_carry = _gated_key(k_ptr, g_ptr, beta_ptr, t0, length, i_h, 0, b_carry, stride_k,
+                               H, K, BC, BLOCK_K)
+    b_x1, b_carry = _gated_key(k_ptr, g_ptr, beta_ptr, t0, length, i_h, 1, b_carry, stride_k,
+                               H, K, BC, BLOCK_K)
+    b_x2, b_carry = _gated_key(k_ptr, g_ptr, beta_ptr, t0, length, i_h, 2, b_carry, stride_k,
+                               H, K, BC, BLOCK_K)
+    b_x3, b_carry = _gated_key(k_ptr, g_ptr, beta_ptr, t0, length, i_h, 3, b_carry, stride_k,
+                               H, K, BC, BLOCK_K)
+    _apply_inverse(b_p00, b_p10, b_p11, b_p20, b_p21, b_p22, b_p30, b_p31, b_p32, b_p33,
+                   b_x0, b_x1, b_x2, b_x3, w_ptr, base, BT, BC, K, o_k, m_k, DOT_PRECISION)
+    b_y0 = _weighted_value(v_ptr, beta_ptr, t0, length, i_h, 0, stride_v, H, V, BC, o_v, m_v)
+    b_y1 = _weighted_value(v_ptr, beta_ptr, t0, length, i_h, 1, stride_v, H, V, BC, o_v, m_v)
+    b_y2 = _weighted_value(v_ptr, beta_ptr, t0, length, i_h, 2, stride_v, H, V, BC, o_v, m_v)
+    b_y3 = _weighted_value(v_ptr, beta_ptr, t0, length, i_h, 3, stride_v, H, V, BC, o_v, m_v)
+    _apply_inverse(b_p00, b_p10, b_p11, b_p20, b_p21, b_p22, b_p30, b_p31, b_p32, b_p33,
+                   b_y0, b_y1, b_y2, b_y3, u_ptr, base, BT, BC, V, o_v, m_v, DOT_PRECISION)
 
 
 def kda_prefill_intra(
@@ -240,11 +324,15 @@ def kda_prefill_intra(
     chunk_len: torch.Tensor,
     scale: float,
     intermediate_dtype: torch.dtype,
+    num_warps: int = 4,
+    cache_right: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Stage 1 over C chunks. q, k: [T, H, K] (token stride free, head and channel dense);
     v: [T, H, V]; g fp32 [T, H, K]; beta fp32 [T, H]; chunk_start, chunk_len int32 [C]
     -> {"w": [C, H, BT, K], "u": [C, H, BT, V], "qg", "kd": [C, H, BT, K] in
-    intermediate_dtype; "aqk": fp32 [C, H, BT, BT]; "decay": fp32 [C, H, K]}."""
+    intermediate_dtype; "aqk": fp32 [C, H, BT, BT]; "decay": fp32 [C, H, K]}. ``num_warps``
+    and ``cache_right`` (the four right-hand score tiles kept in registers rather than
+    recomputed per row sub-chunk) are tuning knobs."""
     num_tokens, num_heads, head_dim = q.shape
     value_dim = v.shape[-1]
     num_chunks = chunk_start.shape[0]
@@ -267,6 +355,7 @@ def kda_prefill_intra(
         q.stride(0), k.stride(0), v.stride(0), scale,
         H=num_heads, K=head_dim, V=value_dim, BT=CHUNK_SIZE, BC=SUB_CHUNK_SIZE,
         BLOCK_K=triton.next_power_of_2(head_dim), BLOCK_V=triton.next_power_of_2(value_dim),
-        DOT_PRECISION=dot_precision(kda_prefill_intra_kernel, q.dtype), num_warps=4,
+        DOT_PRECISION=dot_precision(kda_prefill_intra_kernel, q.dtype), CACHE_RIGHT=cache_right,
+        num_warps=num_warps,
     )
     return out

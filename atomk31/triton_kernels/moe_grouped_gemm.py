@@ -1,8 +1,9 @@
 """Routed experts from MXFP4 weights in Triton: two grouped GEMMs (MODEL_SPEC §4.7, §3.3, §4.8).
 
-Contract: ``moe_experts_mxfp4`` of ``atomk31/ops/moe.py``. The (token, slot) pairs are first
-grouped by expert (``moe_routing.sort_pairs_by_expert``); a program owns BLOCK_M rows of one
-expert and BLOCK_N output columns:
+Contract: ``moe_experts_mxfp4`` of ``atomk31/ops/moe.py``. Up to SMALL_BATCH_MAX_TOKENS
+tokens the launcher hands over to the weight-streaming GEMVs of ``moe_gemv.py``. Above, the
+(token, slot) pairs are first grouped by expert (``moe_routing.sort_pairs_by_expert``); a
+program owns BLOCK_M rows of one expert and BLOCK_N output columns:
 
 1. ``moe_gate_up_kernel``: ``h = situ_glu(z W1_e^T, z W3_e^T)`` with both halves of the
    fused ``w13`` (gate rows 0..F-1, up rows F..2F-1) accumulated side by side, so SiTU-GLU
@@ -23,9 +24,13 @@ import triton.language as tl
 
 from atomk31.triton_kernels.runtime import runs_on_interpreter
 
+from atomk31.triton_kernels.moe_gemv import moe_experts_mxfp4_gemv_triton
+from atomk31.triton_kernels.moe_mxfp4_decode import e2m1_times_2_pow_minus_14, e8m0_factor
 from atomk31.triton_kernels.moe_routing import ExpertBlocks, sort_pairs_by_expert
 
 MXFP4_BLOCK = 32
+# Up to this many tokens the weight-streaming GEMVs of moe_gemv.py run instead (decode).
+SMALL_BATCH_MAX_TOKENS = 16
 
 
 @triton.jit
@@ -36,16 +41,11 @@ def _tanh(x):
 @triton.jit
 def _dequantize_mxfp4(b_packed, b_scales, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """[BLOCK_N, BLOCK_K/2] uint8 codes (even input in the low nibble) and [BLOCK_N, BLOCK_K/32]
-    E8M0 bytes -> [BLOCK_N, BLOCK_K] fp32 weights."""
+    E8M0 bytes -> [BLOCK_N, BLOCK_K] fp32 weights (E2M1 through FP16 bits)."""
     b_packed = b_packed.to(tl.int32)
-    b_codes = tl.reshape(tl.join(b_packed & 0xF, b_packed >> 4), (BLOCK_N, BLOCK_K))
-    exponent = (b_codes >> 1) & 3
-    mantissa = b_codes & 1
-    # E2M1 magnitude times 2: e = 0 -> m (0 or 1); e > 0 -> (2 + m) << (e - 1).
-    twice = tl.where(exponent == 0, mantissa, (2 + mantissa) << tl.maximum(exponent - 1, 0))
-    b_values = tl.where((b_codes & 8) != 0, -0.5, 0.5) * twice.to(tl.float32)
-    # 2^(s - 127) built from its exponent bits (exact; byte 0 flushes to 0).
-    b_factor = (b_scales.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    b_values = tl.join(e2m1_times_2_pow_minus_14(b_packed & 0xF),
+                       e2m1_times_2_pow_minus_14(b_packed >> 4))
+    b_factor = e8m0_factor(b_scales)
     b_values = tl.reshape(b_values, (BLOCK_N, BLOCK_K // 32, 32)) * b_factor[:, :, None]
     return tl.reshape(b_values, (BLOCK_N, BLOCK_K))
 
@@ -177,9 +177,10 @@ def moe_experts_mxfp4_triton(
     w2_scales: torch.Tensor,
     beta: float,
     linear_beta: float | None,
+    small_batch: bool | None = None,
     block_m: int | None = None,
-    block_n: int = 64,
-    block_k: int = 128,
+    block_n: int | None = None,
+    block_k: int | None = None,
     num_warps: int | None = None,
     num_stages: int = 3,
     use_dot_scaled: bool = False,
@@ -187,12 +188,19 @@ def moe_experts_mxfp4_triton(
     """z: [T, Dl]; topk_weights fp32 / topk_ids int32 [T, k]; w13 [E, 2F, Dl/2] + [E, 2F,
     Dl/32]; w2 [E, Dl, F/2] + [E, Dl, F/32] (uint8) -> u fp32 [T, Dl].
 
-    block_* / num_warps / num_stages / use_dot_scaled are tuning knobs for benchmarks."""
+    small_batch: the GEMVs of moe_gemv.py (None: up to SMALL_BATCH_MAX_TOKENS tokens).
+    block_* / num_warps / num_stages / use_dot_scaled are tuning knobs of the grouped GEMMs for
+    benchmarks."""
     num_experts, two_f, half_latent = w13_packed.shape
     latent_size, intermediate_size = 2 * half_latent, two_f // 2
     _check(z, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed, w2_scales,
            latent_size, intermediate_size)
     num_tokens, top_k = topk_ids.shape
+    if small_batch is None:
+        small_batch = num_tokens <= SMALL_BATCH_MAX_TOKENS and not use_dot_scaled
+    if small_batch:
+        return moe_experts_mxfp4_gemv_triton(z, topk_weights, topk_ids, w13_packed, w13_scales,
+                                             w2_packed, w2_scales, beta, linear_beta)
     num_pairs = num_tokens * top_k
     u = torch.zeros((num_tokens, latent_size), dtype=torch.float32, device=z.device)
     if num_pairs == 0:
@@ -201,6 +209,11 @@ def moe_experts_mxfp4_triton(
         block_m = pick_block_m(num_pairs, num_experts)
     if num_warps is None:
         num_warps = 4 if block_m <= 32 else 8
+    # Large batches: 128 x 128 tiles (H200, 2026-11-29: 28.4 ms vs 32.1 ms at 4096 tokens).
+    if block_n is None:
+        block_n = 128 if block_m == 128 else 64
+    if block_k is None:
+        block_k = 64 if block_m == 128 else 128
     on_interpreter = runs_on_interpreter(moe_gate_up_kernel)
     if use_dot_scaled and on_interpreter:
         raise ValueError("moe_experts_mxfp4: use_dot_scaled does not run under the Triton "
@@ -212,7 +225,9 @@ def moe_experts_mxfp4_triton(
                          device=z.device)
     meta = dict(E=num_experts, F=intermediate_size, DL=latent_size, TOP_K=top_k,
                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                USE_DOT_SCALED=use_dot_scaled, DOT_FP32=on_interpreter,
+                USE_DOT_SCALED=use_dot_scaled,
+                # fp32 activations: exact fp32 products (no TF32), as on the interpreter.
+                DOT_FP32=on_interpreter or z.dtype == torch.float32,
                 num_warps=num_warps, num_stages=num_stages)
     moe_gate_up_kernel[(blocks.num_blocks_max, triton.cdiv(intermediate_size, block_n))](
         z, blocks.pair_ids, blocks.block_expert, w13_packed, w13_scales, hidden,

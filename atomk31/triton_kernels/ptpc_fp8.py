@@ -11,9 +11,12 @@ The GEMM reads the weight in its ``[N, K]`` layout (a K-major B operand, what th
 cores want). Small M is bound by reading the weight once, so the launcher splits K across
 programs until the grid covers the GPU (SPLIT_K > 1 adds scaled fp32 partials atomically and
 casts once at the end); large M uses big tiles with a grouped program order for L2 reuse.
+On Hopper the FP8 wgmma keeps only ~14 bits of its running sum, so the kernel promotes the
+partial sum into an fp32 accumulator every ``promote_every`` K elements (as DeepGEMM does).
 Under the interpreter the FP8 operands are widened to fp32 before the product.
 """
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -66,7 +69,10 @@ def ptpc_quantize_kernel(
     tl.store(scale_ptr + i_m, b_scale)
 
 
-@triton.jit
+# M is not specialized: Triton compiles M == 1 apart, as a constant, and M == 1 ran 1.4-3x
+# slower than M == 16 with the same tiles on the H200 (the suspected cause; the benchmark's
+# "M specialized" variant measures it).
+@triton.jit(do_not_specialize=["M"])
 def ptpc_gemm_kernel(
     # pointers: a [M, K] fp8, b [N, K] fp8, scales [M] / [N] fp32, c [M, N]
     a_ptr, b_ptr, a_scale_ptr, b_scale_ptr, c_ptr,
@@ -75,6 +81,7 @@ def ptpc_gemm_kernel(
     # meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, DOT_FP32: tl.constexpr,
+    DOT_BF16: tl.constexpr = False, PROMOTE_EVERY: tl.constexpr = None,
 ):
     i_tile, i_split = tl.program_id(0), tl.program_id(1)
     # Grouped order: GROUP_M row tiles share each column tile while it sits in L2.
@@ -101,8 +108,14 @@ def ptpc_gemm_kernel(
         if DOT_FP32:
             b_acc = tl.dot(b_a.to(tl.float32), tl.trans(b_b.to(tl.float32)), b_acc,
                            input_precision="ieee")
+        elif DOT_BF16:
+            # FP8 values are exact in bf16, and bf16 tensor-core products accumulate in fp32
+            b_acc = tl.dot(b_a.to(tl.bfloat16), tl.trans(b_b.to(tl.bfloat16)), b_acc)
         else:
-            b_acc = tl.dot(b_a, tl.trans(b_b), b_acc)
+            # Hopper's FP8 wgmma keeps ~14 bits of its running sum: PROMOTE_EVERY K elements
+            # Triton adds the wgmma partial into the fp32 accumulator (None: never, the
+            # default on sm_90). Other targets ignore it.
+            b_acc = tl.dot(b_a, tl.trans(b_b), b_acc, max_num_imprecise_acc=PROMOTE_EVERY)
     b_a_scale = tl.load(a_scale_ptr + o_m, mask=m_m, other=0.0)
     b_b_scale = tl.load(b_scale_ptr + o_n, mask=m_n, other=0.0)
     b_c = b_acc * b_a_scale[:, None] * b_b_scale[None, :]
@@ -125,7 +138,12 @@ def min_normal_exponent(fp8_dtype: torch.dtype) -> int:
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """Tile shape and launch options of ``ptpc_gemm_kernel``."""
+    """Tile shape and launch options of ``ptpc_gemm_kernel``.
+
+    ``split_k``: programs per output tile along K (fp32 atomics, then one cast).
+    ``promote_every``: K elements between promotions of the FP8 wgmma partial sum into the
+    fp32 accumulator (NVIDIA sm_90; None: never). ``dot_bf16``: widen the FP8 tiles to bf16
+    before the product (exact values, full fp32 accumulation, half the FP8 tensor rate)."""
 
     block_m: int
     block_n: int
@@ -134,21 +152,76 @@ class GemmConfig:
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 4
+    promote_every: int | None = 128
+    dot_bf16: bool = False
 
 
-def pick_config(m: int, n: int, k: int, num_sms: int = 132) -> GemmConfig:
-    """Small M: thin tiles and split K until ~2 programs per SM; large M: 128x128 tiles."""
+# Under the interpreter: one small config (tests cover split K with explicit configs).
+INTERPRETER_CONFIG = GemmConfig(16, 32, 64, num_stages=1, promote_every=None)
+# Fewest K tiles one split may hold: fewer would spend the program on its prologue.
+MIN_K_TILES_PER_SPLIT = 4
+
+
+@dataclass(frozen=True)
+class GemmTarget:
+    """What the tile choice needs to know about the GPU."""
+
+    num_sms: int
+    is_amd: bool
+
+
+@functools.lru_cache(maxsize=None)
+def current_target() -> GemmTarget:
+    """The active Triton target (the compile-only driver's, in tests/amd_compile)."""
+    target = triton.runtime.driver.active.get_current_target()
+    if target.backend == "hip":
+        return GemmTarget(304 if target.arch == "gfx942" else 256, True)
+    num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
+        if torch.cuda.is_available() else 132
+    return GemmTarget(num_sms, False)
+
+
+def split_k_to_fill(tiles: int, k: int, block_k: int, num_sms: int) -> int:
+    """Splits of K that bring ``tiles`` output tiles up to about one program per SM, keeping
+    >= MIN_K_TILES_PER_SPLIT K tiles per split; normalized so that no split is empty."""
+    if 2 * tiles > num_sms:
+        return 1
+    k_tiles = triton.cdiv(k, block_k)
+    split = max(1, min(num_sms // tiles, k_tiles // MIN_K_TILES_PER_SPLIT))
+    return triton.cdiv(k_tiles, triton.cdiv(k_tiles, split))
+
+
+def pick_config(m: int, n: int, k: int) -> GemmConfig:
+    """The launcher's tile choice per shape class (measured on the H200,
+    benchmarks/kernels/bench_ptpc_fp8.py):
+
+    * decode, M <= 64: 16/32/64-row tiles, 64 columns, K steps of 256; split K only where the
+      tiles cannot cover half the SMs (kv_a: N = 576);
+    * M <= 256: 64x128x128 tiles (split K for small N);
+    * larger M: 128x128x128 tiles, 8 warps (split K for small N). Not 128x256: promoting the
+      FP8 partial sum keeps a second accumulator, 2 x 128 fp32 registers per thread there.
+    AMD: 2 stages (the stream pipeliner's double buffer; gfx942 has 64 KiB of LDS)."""
+    if runs_on_interpreter(ptpc_gemm_kernel):
+        return INTERPRETER_CONFIG
+    return pick_config_for_target(m, n, k, current_target())
+
+
+def pick_config_for_target(m: int, n: int, k: int, target: GemmTarget) -> GemmConfig:
+    """``pick_config`` on a given target (tests check the AMD choices without the driver)."""
+    stages = 2 if target.is_amd else None
+    promote = None if target.is_amd else 128
     if m <= 64:
         block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
-        block_n, block_k = 64, 256
-        tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
-        split_k = 1
-        while tiles * split_k < 2 * num_sms and k // (split_k * 2) >= 4 * block_k:
-            split_k *= 2
-        return GemmConfig(block_m, block_n, block_k, split_k, num_warps=4, num_stages=4)
+        tiles = triton.cdiv(m, block_m) * triton.cdiv(n, 64)
+        return GemmConfig(block_m, 64, 256, split_k_to_fill(tiles, k, 256, target.num_sms),
+                          num_warps=4, num_stages=stages or 4, promote_every=promote)
     if m <= 256:
-        return GemmConfig(64, 128, 128, num_warps=4, num_stages=4)
-    return GemmConfig(128, 128, 128, num_warps=8, num_stages=4)
+        tiles = triton.cdiv(m, 64) * triton.cdiv(n, 128)
+        return GemmConfig(64, 128, 128, split_k_to_fill(tiles, k, 128, target.num_sms),
+                          num_warps=4, num_stages=stages or 4, promote_every=promote)
+    tiles = triton.cdiv(m, 128) * triton.cdiv(n, 128)
+    return GemmConfig(128, 128, 128, split_k_to_fill(tiles, k, 128, target.num_sms),
+                      num_warps=8, num_stages=stages or 4, promote_every=promote)
 
 
 def ptpc_quantize_triton(
@@ -181,9 +254,11 @@ def ptpc_linear_quantized_triton(
     w_scale: torch.Tensor,
     out_dtype: torch.dtype = torch.bfloat16,
     config: GemmConfig | None = None,
+    kernel: object = None,
 ) -> torch.Tensor:
     """x_q: [..., K] fp8; x_scale: fp32 [...]; w_q: [N, K] fp8; w_scale: fp32 [N]
-    -> [..., N] in out_dtype. ``config`` overrides the tile choice (benchmarks)."""
+    -> [..., N] in out_dtype. ``config`` overrides the tile choice and ``kernel`` the compiled
+    variant of ``ptpc_gemm_kernel`` (benchmarks)."""
     if w_q.dim() != 2 or x_q.shape[-1] != w_q.shape[1] or w_scale.shape != (w_q.shape[0],) \
             or x_scale.shape != x_q.shape[:-1]:
         raise ValueError(f"ptpc_linear: expected x_q [..., K], x_scale [...], w_q [N, K] and "
@@ -201,14 +276,18 @@ def ptpc_linear_quantized_triton(
     split = config.split_k > 1
     c = torch.zeros((m, n), dtype=torch.float32, device=a.device) if split else \
         torch.empty((m, n), dtype=out_dtype, device=a.device)
+    kernel = kernel or ptpc_gemm_kernel
+    on_interpreter = runs_on_interpreter(kernel)
+    promote_every = None if on_interpreter or config.promote_every is None else \
+        min(config.promote_every, config.block_k)
     if m and n:
         grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), config.split_k)
-        ptpc_gemm_kernel[grid](
+        kernel[grid](
             a, w_q, x_scale.reshape(-1).float().contiguous(), w_scale.float().contiguous(), c,
             m, n, k, a.stride(0), w_q.stride(0), c.stride(0),
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-            GROUP_M=config.group_m, SPLIT_K=config.split_k,
-            DOT_FP32=runs_on_interpreter(ptpc_gemm_kernel),
+            GROUP_M=config.group_m, SPLIT_K=config.split_k, DOT_FP32=on_interpreter,
+            DOT_BF16=config.dot_bf16 and not on_interpreter, PROMOTE_EVERY=promote_every,
             num_warps=config.num_warps, num_stages=config.num_stages,
         )
     if split:

@@ -1,13 +1,23 @@
-"""Triton dense MLA decode over the paged FP8 latent cache: 16 requests, H = 96, 16K to 1M.
+"""Triton dense MLA decode over the paged FP8 latent cache: 16 requests, H = 96, 16K and 128K.
 
 Figures: bytes per second (each request's latent rows read once, 576 B per token) against
 the copy bandwidth measured in the same run, and FLOP/s (2 * H * (576 + 512) per row and
 causal key) against the BF16 GEMM rate, for plain decode (1 row per request) and for
-verification (4 rows per request). With 96 heads on an FP8 cache one row already does
-363 FLOP per byte, past the H200's ridge (~180), so both limits are reported.
-Peer: the op's torch implementation at the shortest context.
+verification (4 rows per request), for several tile configurations side by side: rows per
+program (g: verification rows sharing one key stream), heads per program (bh), keys per
+step (bn), warps (w), stages (s) and key splits (sp; default: the fewest that fill the
+multiprocessors). Each variant is checked against the fp32 torch op (at 16K) first.
+With 96 heads on an FP8 cache one row does 363 FLOP per byte, past the H200's ridge (~180),
+so decode is matrix-bound: the copy-bandwidth fraction cannot reach 70% with bf16
+products; the figure to judge is the fraction of the roofline, max(of BW, of GEMM).
+Peers: the op's torch implementation (16K only) and torch's scaled_dot_product_attention
+on the same keys dequantized to bf16 and gathered contiguous beforehand (untimed), the 96 x
+rows query vectors of a request as the queries of one head (MQA), unmasked.
 
-Usage: python -m benchmarks.kernels.bench_dense_mla [--out DIR] [--contexts 16384 ...]
+Floors on an H200 (~750 TFLOP/s, ~4.25 TB/s), 16 requests: 16K 1 row 54.8 GFLOP = 73 us,
+151 MB = 36 us; 128K 1 row 438 GFLOP = 0.58 ms, 1.21 GB = 0.28 ms; 4 rows 4x the FLOP.
+
+Usage: python -m benchmarks.kernels.bench_dense_mla [--out DIR] [--contexts 16384 131072]
 """
 
 from __future__ import annotations
@@ -16,19 +26,40 @@ import argparse
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from atomk31.ops.dense_mla import dense_mla_torch
 from atomk31.triton_kernels.dense_mla import dense_mla_triton
 from benchmarks.common import measure_copy_bandwidth, measure_matmul_rate, time_ms, write_result
-from benchmarks.kernels.bench_indexer_score import make_block_table
 
 NUM_REQUESTS = 16
 NUM_HEADS = 96
 BLOCK_SIZE = 128
 DEVICE = "cuda"  # the benchmarks time GPU kernels
 SOFTMAX_SCALE = 192**-0.5
-CONTEXTS = [16384, 32768, 65536, 131072, 262144, 524288, 1048576]
+CONTEXTS = [16384, 131072]
 ROWS_PER_REQUEST = [1, 4]
+# (rows per program, heads, keys per step, warps, stages, splits or None, scores via memory,
+# prefetch keys) per rows/request; None: the launcher's choice. g1_bh64 is the previous kernel
+# (96 heads padded to 128); g4_bh16 / g2_bh32 read a request's keys once for 64 query vectors,
+# no padding; "vm": probabilities through a scratch buffer, so that the score product is not
+# run by both warpgroups; "pf": next key tile prefetched into registers (see
+# bench_sparse_mla.py).
+CONFIGS = {
+    1: [(1, 64, 64, 8, 2, None, False, False), (1, 64, 32, 8, 2, None, False, False),
+        (1, 64, 128, 8, 1, None, False, False), (1, 64, 64, 8, 1, None, True, False),
+        (1, 64, 32, 8, 1, None, True, True)],
+    4: [(1, 64, 64, 8, 2, None, False, False), (4, 16, 64, 8, 2, None, False, False),
+        (2, 32, 64, 8, 2, None, False, False), (4, 16, 64, 8, 1, None, True, False),
+        (4, 16, 32, 8, 1, None, True, True)],
+}
+
+
+def make_block_table(num_requests: int, context: int, device: str) -> torch.Tensor:
+    """Each request owns ceil(context / BLOCK_SIZE) blocks, handed out in a shuffled order."""
+    blocks_per_request = -(-context // BLOCK_SIZE)
+    order = torch.randperm(num_requests * blocks_per_request, device=device)
+    return order.view(num_requests, blocks_per_request).to(torch.int32)
 
 
 def make_latent_cache(num_blocks: int, device: str) -> torch.Tensor:
@@ -49,6 +80,23 @@ def dense_inputs(context: int, rows_per_request: int, latent: torch.Tensor, devi
             SOFTMAX_SCALE)
 
 
+def sdpa_peer(args: tuple, context: int, rows_per_request: int):
+    """SDPA over bf16 keys gathered per request: q [N, 1, rows * H, 576], k [N, 1, S, 576]."""
+    q, latent, _, block_table = args[:4]
+    pages = latent.view(torch.uint8)[block_table.long()].view(latent.dtype)  # fp8 gather
+    keys = pages.reshape(NUM_REQUESTS, -1, 576)[:, :context].to(torch.bfloat16)[:, None]
+    values = keys[..., :512]
+    queries = q.view(NUM_REQUESTS, 1, rows_per_request * NUM_HEADS, 576)
+    return lambda: F.scaled_dot_product_attention(queries, keys, values, scale=SOFTMAX_SCALE)
+
+
+def variant_name(config: tuple) -> str:
+    rows, block_h, block_n, num_warps, num_stages, num_splits, via_memory, prefetch = config
+    splits = "" if num_splits is None else f"_sp{num_splits}"
+    flags = ("_vm" if via_memory else "") + ("_pf" if prefetch else "")
+    return f"g{rows}_bh{block_h}_bn{block_n}_w{num_warps}_s{num_stages}{splits}{flags}"
+
+
 def bench_case(context: int, rows_per_request: int, latent: torch.Tensor, copy_bw: float,
                matmul_rate: float) -> dict:
     args = dense_inputs(context, rows_per_request, latent, DEVICE)
@@ -57,24 +105,55 @@ def bench_case(context: int, rows_per_request: int, latent: torch.Tensor, copy_b
     flops = 2 * NUM_HEADS * (576 + 512) * num_rows * context
     result = {"context": context, "rows_per_request": rows_per_request, "bytes": num_bytes,
               "flops": flops}
-    variants = {"triton": lambda: dense_mla_triton(*args)}
+    variants = {variant_name(c): (
+        lambda c=c: dense_mla_triton(*args, rows_per_program=c[0], block_h=c[1], block_n=c[2],
+                                     num_warps=c[3], num_stages=c[4], num_splits=c[5],
+                                     scores_via_memory=c[6], prefetch_keys=c[7]))
+        for c in CONFIGS[rows_per_request]}
+    variants["default"] = lambda: dense_mla_triton(*args)
+    want = None
     if context == min(CONTEXTS):
         variants["torch"] = lambda: dense_mla_torch(*args)
         want, _ = dense_mla_torch(args[0].float(), *args[1:])
-        got, _ = dense_mla_triton(*args)
-        result["relative_error_vs_torch_fp32"] = ((got - want).norm() / want.norm()).item()
+    try:
+        variants["sdpa_bf16"] = sdpa_peer(args, context, rows_per_request)
+    except torch.cuda.OutOfMemoryError as error:
+        result["sdpa_bf16"] = {"error": f"OutOfMemoryError: {str(error)[:120]}"}
     for name, fn in variants.items():
-        ms = time_ms(fn)
-        result[name] = {"ms": ms, "bandwidth_fraction": num_bytes / (ms * 1e-3) / copy_bw,
-                        "matmul_fraction": flops / (ms * 1e-3) / matmul_rate}
+        try:
+            got = fn()
+            torch.cuda.synchronize()
+            ms = time_ms(fn)
+        except Exception as error:  # one failing configuration must not hide the others
+            result[name] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
+            continue
+        entry = {"ms": ms, "bandwidth_fraction": num_bytes / (ms * 1e-3) / copy_bw,
+                 "matmul_fraction": flops / (ms * 1e-3) / matmul_rate}
+        if want is not None and name != "sdpa_bf16":
+            entry["relative_error_vs_torch_fp32"] = ((got[0] - want).norm() / want.norm()).item()
+        result[name] = entry
+    peer_ms = result.get("sdpa_bf16", {}).get("ms")
+    for value in result.values():
+        if isinstance(value, dict) and "ms" in value and peer_ms:
+            value["speedup_vs_sdpa"] = peer_ms / value["ms"]
     return result
 
 
-def run(contexts: list[int], copy_bw: float, matmul_rate: float) -> list[dict]:
-    torch.manual_seed(0)
-    latent = make_latent_cache(NUM_REQUESTS * -(-max(contexts) // BLOCK_SIZE), DEVICE)
-    return [bench_case(c, n, latent, copy_bw, matmul_rate)
-            for n in ROWS_PER_REQUEST for c in contexts]
+def print_table(results: list[dict]) -> None:
+    print(f"{'r':>1} {'context':>7} {'variant':<28} {'ms':>9} {'of BW':>6} {'of GEMM':>8} "
+          f"{'x sdpa':>7} {'rel err':>8}")
+    for r in results:
+        for name, v in r.items():
+            if not isinstance(v, dict):
+                continue
+            head = f"{r['rows_per_request']:>1} {r['context']:>7} {name:<28}"
+            if "error" in v:
+                print(f"{head} FAILED {v['error'][:60]}")
+                continue
+            error = v.get("relative_error_vs_torch_fp32")
+            print(f"{head} {v['ms']:9.3f} {v['bandwidth_fraction']:6.1%} "
+                  f"{v['matmul_fraction']:8.1%} {v.get('speedup_vs_sdpa', 0):7.2f} "
+                  f"{'' if error is None else f'{error:8.1e}'}")
 
 
 def main() -> None:
@@ -83,16 +162,16 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=CONTEXTS)
     args = parser.parse_args()
     copy_bw, matmul_rate = measure_copy_bandwidth(), measure_matmul_rate()
-    results = run(args.contexts, copy_bw, matmul_rate)
+    torch.manual_seed(0)
+    latent = make_latent_cache(NUM_REQUESTS * -(-max(args.contexts) // BLOCK_SIZE), DEVICE)
+    results = [bench_case(c, n, latent, copy_bw, matmul_rate)
+               for n in ROWS_PER_REQUEST for c in args.contexts]
     path = write_result("triton_dense_mla", {
         "shape": f"{NUM_REQUESTS} requests, H {NUM_HEADS}, fp8 latent, block {BLOCK_SIZE}",
         "copy_bandwidth_Bps": copy_bw, "bf16_matmul_flops": matmul_rate, "results": results},
         out_dir=args.out)
     print(f"copy {copy_bw / 1e12:.2f} TB/s, bf16 GEMM {matmul_rate / 1e12:.0f} TFLOP/s")
-    print(f"{'rows/req':>8} {'context':>8} {'ms':>9} {'of BW':>6} {'of GEMM':>8}")
-    for r in results:
-        print(f"{r['rows_per_request']:>8} {r['context']:>8} {r['triton']['ms']:9.3f} "
-              f"{r['triton']['bandwidth_fraction']:6.1%} {r['triton']['matmul_fraction']:8.1%}")
+    print_table(results)
     print(f"wrote {path}")
 
 

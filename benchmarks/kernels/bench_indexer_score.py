@@ -1,13 +1,17 @@
-"""Triton indexer scoring over a paged FP8 key cache, 16 requests x 4 verification rows.
+"""Triton indexer scoring over a paged index-key cache, 16 requests x 4 verification rows:
+kernel variants side by side (product type, tiling, pipelining), errors and speed.
 
-Figure: bytes moved per second (every key of every request read once, 132 B, plus the
-[64, L] fp32 scores written) against the device copy bandwidth measured in the same run,
-for contexts 16K to 1M; also FLOP/s (2 * H_I * 128 per row and causal key) against the BF16
-GEMM rate, since 4 rows x 32 heads = 248 FLOP per key byte puts this shape near the ridge.
-Peers: the op's torch implementation (up to 64K) and the same kernel on the fp8 tensor cores
-(`use_fp8_dot`, outside the op's tolerance: reported for scale only).
+Figure: bytes moved per second (every key of every request read once, 132 B for FP8, 68 B
+for MXFP4, plus the [64, L] fp32 scores written) against the device copy bandwidth measured
+in the same run; also FLOP/s (2 * H_I * 128 per row and causal key) against the BF16 GEMM
+rate (the fp8 tensor cores run about twice that). Peer: the op's torch implementation, at
+16K only (it is slow).
 
-Usage: python -m benchmarks.kernels.bench_indexer_score [--out DIR] [--contexts 16384 ...]
+Errors: each variant's scores against the op's torch implementation on the CPU (the contract,
+IEEE fp32) at 16K, and against a float64 evaluation on the GPU at 128K; `worst` is the
+largest error over the GPU test's bound 1e-5 |score| + 1e-5 max |score| (<= 1 passes).
+
+Usage: python -m benchmarks.kernels.bench_indexer_score [--quick] [--out DIR]
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from pathlib import Path
 import torch
 
 from atomk31.ops.indexer_score import indexer_score_torch
-from atomk31.triton_kernels.indexer_score import indexer_score_triton
+from atomk31.ops.kv_write import dequantize_index_keys, quantize_index_keys
+from atomk31.triton_kernels.indexer_score import IndexerScoreConfig, indexer_score_triton
 from benchmarks.common import measure_copy_bandwidth, measure_matmul_rate, time_ms, write_result
 
 NUM_REQUESTS = 16
@@ -26,46 +31,70 @@ ROWS_PER_REQUEST = 4  # verification rows
 NUM_INDEX_HEADS = 32  # H_I
 BLOCK_SIZE = 128
 DEVICE = "cuda"  # the benchmarks time GPU kernels
-CONTEXTS = [16384, 32768, 65536, 131072, 262144, 524288, 1048576]
-MAX_TORCH_CONTEXT = 65536
+CONTEXTS = [16384, 131072, 1048576]
+CPU_REFERENCE_CONTEXT = 16384
+GPU_REFERENCE_CONTEXT = 131072
+KEY_BYTES = {"fp8": 132, "mxfp4": 68}
+
+# name -> (key format, config). "old": the tiling before issue #5 (one block-table read per
+# tile inside the pipelined loop: one tile in flight). "r128": registers capped at 128 a
+# thread (two programs of 8 warps a multiprocessor instead of one; the prologue spills).
+FP8_N64 = dict(block_n=64, num_warps=8, num_stages=6)
+VARIANTS: dict[str, tuple[str, IndexerScoreConfig | None]] = {
+    "bf16 old": ("fp8", IndexerScoreConfig(dot="bf16", tile_group=0, num_stages=3)),
+    "bf16 n128 s4": ("fp8", IndexerScoreConfig(dot="bf16", num_stages=4)),
+    "fp8 n128 s4": ("fp8", IndexerScoreConfig(dot="fp8", num_stages=4)),
+    "fp8 n128 s4 r128": ("fp8", IndexerScoreConfig(dot="fp8", num_stages=4, max_registers=128)),
+    "fp8 n64 w8 s6": ("fp8", IndexerScoreConfig(dot="fp8", **FP8_N64)),
+    "fp8_acc32 n64 w8 s6": ("fp8", IndexerScoreConfig(dot="fp8_acc32", **FP8_N64)),
+    "fp8_acc64 n64 w8 s6": ("fp8", IndexerScoreConfig(dot="fp8_acc64", **FP8_N64)),
+    "fp8_acc32 n64 s6 r128": ("fp8", IndexerScoreConfig(dot="fp8_acc32", **FP8_N64,
+                                                         max_registers=128)),
+    "fp8_acc32 n64 s6 g16": ("fp8", IndexerScoreConfig(dot="fp8_acc32", **FP8_N64,
+                                                        tile_group=16)),
+    "fp8 k4 n64 w8 s6": ("fp8", IndexerScoreConfig(dot="fp8", k_split=4, **FP8_N64)),
+    "fp8 n128 s5 pps8": ("fp8", IndexerScoreConfig(dot="fp8", num_stages=5, programs_per_sm=8)),
+    "default": ("fp8", None),
+    "mxfp4 default": ("mxfp4", None),
+}
+QUICK_VARIANTS = ["bf16 old", "bf16 n128 s4", "fp8 n128 s4", "fp8 n64 w8 s6",
+                  "fp8_acc32 n64 w8 s6", "fp8_acc64 n64 w8 s6", "fp8_acc32 n64 s6 r128",
+                  "fp8 k4 n64 w8 s6", "mxfp4 default"]
 
 
-def make_block_table(num_requests: int, context: int, device: str) -> torch.Tensor:
-    """Each request owns ceil(context / 128) blocks, handed out in a shuffled order."""
+def make_index_cache(num_blocks: int, index_format: str, device: str):
+    """Keys quantized as kv_write stores them (randn keys; FP8 codes reach +-448)."""
+    values, scales = [], []
+    for start in range(0, num_blocks, 8192):  # 1M keys at a time
+        count = min(8192, num_blocks - start)
+        keys = torch.randn(count, BLOCK_SIZE, 128, device=device) * 2.0
+        v, s = quantize_index_keys(keys, index_format, "e4m3fn")
+        values.append(v)
+        scales.append(s)
+    return torch.cat(values), torch.cat(scales)
+
+
+def indexer_inputs(context: int, values: torch.Tensor, scales: torch.Tensor,
+                   index_format: str, device: str) -> tuple:
+    """The indexer_score arguments: 16 requests x 4 rows at positions context-4 .. context-1,
+    each request's pages shuffled over the cache."""
     blocks_per_request = -(-context // BLOCK_SIZE)
-    order = torch.randperm(num_requests * blocks_per_request, device=device)
-    return order.view(num_requests, blocks_per_request).to(torch.int32)
-
-
-def make_index_cache(num_blocks: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """FP8 keys as the cache stores them: e4m3 values and one fp32 scale per key."""
-    values = (torch.randn(num_blocks, BLOCK_SIZE, 128, device=device) * 64).to(
-        torch.float8_e4m3fn)
-    scales = torch.rand(num_blocks, BLOCK_SIZE, device=device) * 0.01 + 1e-3
-    return values, scales
-
-
-def verification_rows(num_requests: int, context: int, device: str):
-    """(row_request, row_position): 4 rows per request at positions context-4 .. context-1."""
-    request = torch.arange(num_requests, device=device).repeat_interleave(ROWS_PER_REQUEST)
-    offset = torch.arange(ROWS_PER_REQUEST, device=device).repeat(num_requests)
-    return request.to(torch.int32), (context - ROWS_PER_REQUEST + offset).to(torch.int64)
-
-
-def indexer_inputs(context: int, values: torch.Tensor, scales: torch.Tensor, device: str):
-    """The indexer_score arguments for 16 requests x 4 rows at `context` keys each."""
-    block_table = make_block_table(NUM_REQUESTS, context, device)
-    row_request, row_position = verification_rows(NUM_REQUESTS, context, device)
-    num_rows = row_request.shape[0]
+    order = torch.randperm(values.shape[0], device=device)[:NUM_REQUESTS * blocks_per_request]
+    block_table = order.view(NUM_REQUESTS, blocks_per_request).to(torch.int32)
+    request = torch.arange(NUM_REQUESTS, device=device).repeat_interleave(ROWS_PER_REQUEST)
+    offset = torch.arange(ROWS_PER_REQUEST, device=device).repeat(NUM_REQUESTS)
+    row_position = (context - ROWS_PER_REQUEST + offset).to(torch.int64)
+    num_rows = request.shape[0]
     q = torch.randn(num_rows, NUM_INDEX_HEADS, 128, device=device).to(torch.bfloat16)
-    head_weights = torch.randn(num_rows, NUM_INDEX_HEADS, device=device) * 0.02
-    return (q, head_weights, values, scales, "fp8", "e4m3fn", block_table, row_request,
-            row_position, BLOCK_SIZE)
+    head_weights = torch.randn(num_rows, NUM_INDEX_HEADS, device=device)
+    head_weights *= NUM_INDEX_HEADS**-0.5 * 128**-0.5  # mixed signs, as the model's
+    return (q, head_weights, values, scales, index_format, "e4m3fn", block_table,
+            request.to(torch.int32), row_position, BLOCK_SIZE)
 
 
 def cpu_reference(args: tuple) -> torch.Tensor:
-    """The torch implementation on the CPU (IEEE fp32, as the tests use it) over a compact
-    copy of the blocks the rows read."""
+    """The torch implementation on the CPU (IEEE fp32, the contract) over a compact copy of
+    the blocks the rows read."""
     (q, head_weights, values, scales, index_format, fp8_variant, block_table, row_request,
      row_position, block_size) = args
     used = block_table.flatten().long()
@@ -75,61 +104,124 @@ def cpu_reference(args: tuple) -> torch.Tensor:
                                row_request.cpu(), row_position.cpu(), block_size)
 
 
-def bench_context(context: int, values: torch.Tensor, scales: torch.Tensor, copy_bw: float,
+def float64_reference(args: tuple) -> torch.Tensor:
+    """The contract's formula in float64 on the GPU (all rows of a request share L here)."""
+    (q, head_weights, values, scales, index_format, fp8_variant, block_table, row_request,
+     row_position, block_size) = args
+    q_values, q_scales = quantize_index_keys(q, index_format, fp8_variant)
+    q_hat = dequantize_index_keys(q_values, q_scales, index_format).double()
+    length = int(row_position.max()) + 1
+    scores = torch.full((q.shape[0], length), -torch.inf, dtype=torch.float64, device=q.device)
+    positions = torch.arange(length, device=q.device)
+    for request in range(block_table.shape[0]):
+        rows = (row_request == request).nonzero().flatten()
+        pages = block_table[request].long()
+        keys = dequantize_index_keys(values[pages], scales[pages], index_format)
+        keys = keys.reshape(-1, 128)[:length].double()
+        logits = torch.relu(torch.einsum("rhd,sd->rhs", q_hat[rows], keys))
+        row_scores = torch.einsum("rh,rhs->rs", head_weights[rows].double(), logits)
+        is_future = positions[None, :] > row_position[rows, None]
+        scores[rows] = row_scores.masked_fill(is_future, -torch.inf)
+    return scores
+
+
+def error_summary(got: torch.Tensor, want: torch.Tensor) -> dict:
+    """Max abs error and its worst ratio to the GPU test's bound (<= 1 passes)."""
+    got, want = got.double().to(want.device), want.double()
+    if not torch.equal(torch.isinf(got), torch.isinf(want)) or torch.isnan(got).any():
+        return {"max_abs_error": float("inf"), "worst": float("inf"), "mask_ok": False}
+    finite = torch.isfinite(want)
+    magnitude = torch.where(finite, want.abs(), 0.0)
+    error = torch.where(finite, (got - want).abs(), 0.0)
+    bound_batch = 1e-5 * magnitude + 1e-5 * magnitude.max()
+    bound_row = 1e-5 * magnitude + 1e-5 * magnitude.amax(dim=1, keepdim=True)
+    return {"max_abs_error": error.max().item(), "max_abs_score": magnitude.max().item(),
+            "worst": (error / bound_batch).max().item(),
+            "worst_row_bound": (error / bound_row).max().item(), "mask_ok": True}
+
+
+def bench_context(context: int, caches: dict, variants: list[str], copy_bw: float,
                   matmul_rate: float) -> dict:
-    args = indexer_inputs(context, values, scales, DEVICE)
     num_rows = NUM_REQUESTS * ROWS_PER_REQUEST
-    num_bytes = NUM_REQUESTS * context * 132 + num_rows * context * 4
     flops = 2 * NUM_INDEX_HEADS * 128 * num_rows * context
-    result = {"context": context, "bytes": num_bytes, "flops": flops}
-    variants = {"triton": lambda: indexer_score_triton(*args),
-                "triton_fp8_dot": lambda: indexer_score_triton(*args, use_fp8_dot=True)}
-    if context <= MAX_TORCH_CONTEXT:
-        variants["torch"] = lambda: indexer_score_torch(*args)
-    reference = cpu_reference(args) if context <= 32768 else None
-    for name, fn in variants.items():
-        ms = time_ms(fn)
-        entry = {"ms": ms, "bandwidth_fraction": num_bytes / (ms * 1e-3) / copy_bw,
-                 "matmul_fraction": flops / (ms * 1e-3) / matmul_rate}
-        if reference is not None:
-            finite = torch.isfinite(reference)
-            error = (fn().cpu() - reference).abs().masked_fill(~finite, 0).max().item()
-            entry["max_abs_error_vs_torch_cpu"] = error
-            entry["max_abs_score"] = reference.abs().masked_fill(~finite, 0).max().item()
-        result[name] = entry
-    if "torch" in result:
-        result["speedup_vs_torch"] = result["torch"]["ms"] / result["triton"]["ms"]
+    result = {"context": context, "flops": flops, "variants": {}}
+    inputs = {f: indexer_inputs(context, *caches[f], f, DEVICE) for f in caches}
+    references = {}
+    for f, args in inputs.items():
+        if context == CPU_REFERENCE_CONTEXT:
+            references[f] = ("torch_cpu", cpu_reference(args))
+        elif context == GPU_REFERENCE_CONTEXT:
+            references[f] = ("float64_gpu", float64_reference(args))
+    calls = {}
+    for name in variants:
+        index_format, config = VARIANTS[name]
+        args = inputs[index_format]
+        calls[name] = (index_format, lambda a=args, c=config: indexer_score_triton(
+            *a, num_positions=context, config=c))
+    if context == CPU_REFERENCE_CONTEXT:
+        calls["torch (peer)"] = ("fp8", lambda a=inputs["fp8"]: indexer_score_torch(*a))
+    for name, (index_format, fn) in calls.items():
+        num_bytes = NUM_REQUESTS * context * KEY_BYTES[index_format] + num_rows * context * 4
+        entry = {"bytes": num_bytes}
+        try:
+            out = fn()
+            if index_format in references:
+                kind, reference = references[index_format]
+                entry["error_vs_" + kind] = error_summary(out, reference)
+            del out
+            ms = time_ms(fn)
+        except Exception as error:  # one failing variant must not hide the others
+            entry["failed"] = f"{type(error).__name__}: {str(error)[:300]}"
+            result["variants"][name] = entry
+            continue
+        entry.update(ms=ms, bandwidth_fraction=num_bytes / (ms * 1e-3) / copy_bw,
+                     matmul_fraction=flops / (ms * 1e-3) / matmul_rate)
+        result["variants"][name] = entry
+    peer = result["variants"].get("torch (peer)", {}).get("ms")
+    if peer:
+        for entry in result["variants"].values():
+            if "ms" in entry:
+                entry["speedup_vs_torch"] = peer / entry["ms"]
     return result
 
 
-def run(contexts: list[int], copy_bw: float, matmul_rate: float) -> list[dict]:
-    torch.manual_seed(0)
-    num_blocks = NUM_REQUESTS * -(-max(contexts) // BLOCK_SIZE)
-    values, scales = make_index_cache(num_blocks, DEVICE)
-    return [bench_context(c, values, scales, copy_bw, matmul_rate) for c in contexts]
+def print_table(results: list[dict], copy_bw: float, matmul_rate: float) -> None:
+    print(f"copy {copy_bw / 1e12:.2f} TB/s, bf16 GEMM {matmul_rate / 1e12:.0f} TFLOP/s")
+    print(f"{'context':>8} {'variant':<22} {'ms':>8} {'of BW':>6} {'of GEMM':>8} "
+          f"{'x torch':>8} {'err/bound':>10}")
+    for r in results:
+        for name, e in r["variants"].items():
+            if "failed" in e:
+                print(f"{r['context']:>8} {name:<22} FAILED {e['failed'][:60]}")
+                continue
+            errors = [v for k, v in e.items() if k.startswith("error_vs_")]
+            worst = f"{errors[0]['worst']:10.3f}" if errors else f"{'-':>10}"
+            speedup = f"{e['speedup_vs_torch']:8.1f}" if "speedup_vs_torch" in e else f"{'-':>8}"
+            print(f"{r['context']:>8} {name:<22} {e['ms']:8.3f} {e['bandwidth_fraction']:6.1%} "
+                  f"{e['matmul_fraction']:8.1%} {speedup} {worst}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="results directory")
+    parser.add_argument("--quick", action="store_true", help="the QUICK_VARIANTS only")
     parser.add_argument("--contexts", type=int, nargs="+", default=CONTEXTS)
+    parser.add_argument("--variants", nargs="+", default=None, choices=list(VARIANTS))
     args = parser.parse_args()
+    variants = args.variants or (QUICK_VARIANTS if args.quick else list(VARIANTS))
     copy_bw, matmul_rate = measure_copy_bandwidth(), measure_matmul_rate()
-    results = run(args.contexts, copy_bw, matmul_rate)
+    torch.manual_seed(0)
+    num_blocks = NUM_REQUESTS * -(-max(args.contexts) // BLOCK_SIZE)
+    formats = sorted({VARIANTS[name][0] for name in variants})
+    caches = {f: make_index_cache(num_blocks, f, DEVICE) for f in formats}
+    results = [bench_context(c, caches, variants, copy_bw, matmul_rate) for c in args.contexts]
     path = write_result("triton_indexer_score", {
         "shape": f"{NUM_REQUESTS} requests x {ROWS_PER_REQUEST} rows, H_I {NUM_INDEX_HEADS}, "
-                 f"fp8 keys, block {BLOCK_SIZE}",
+                 f"block {BLOCK_SIZE}",
+        "variants": {name: repr(VARIANTS[name][1]) for name in variants},
         "copy_bandwidth_Bps": copy_bw, "bf16_matmul_flops": matmul_rate, "results": results},
         out_dir=args.out)
-    print(f"copy {copy_bw / 1e12:.2f} TB/s, bf16 GEMM {matmul_rate / 1e12:.0f} TFLOP/s")
-    print(f"{'context':>8} {'triton ms':>10} {'of BW':>6} {'of GEMM':>8} {'fp8dot ms':>10} "
-          f"{'of BW':>6} {'torch ms':>9}")
-    for r in results:
-        torch_ms = f"{r['torch']['ms']:9.3f}" if "torch" in r else f"{'-':>9}"
-        print(f"{r['context']:>8} {r['triton']['ms']:10.3f} "
-              f"{r['triton']['bandwidth_fraction']:6.1%} {r['triton']['matmul_fraction']:8.1%} "
-              f"{r['triton_fp8_dot']['ms']:10.3f} "
-              f"{r['triton_fp8_dot']['bandwidth_fraction']:6.1%} {torch_ms}")
+    print_table(results, copy_bw, matmul_rate)
     print(f"wrote {path}")
 
 

@@ -1,17 +1,24 @@
-"""KDA chunked prefill: atomk31's Triton kernel vs flash-linear-attention's chunk_kda.
+"""KDA chunked prefill: atomk31's Triton kernel (design variants) vs flash-linear-attention's
+chunk_kda, with the time of each of our stages.
 
-One sequence of T tokens (8K to 64K), H = 96 heads, K = V = 128, BF16 q/k/v, fp32 g and beta,
-fp32 initial and final states, both kernels l2-normalising q and k themselves. Figures:
-tokens/s, the ratio to fla measured side by side, and the fraction of the measured limits:
-the fewest bytes (inputs read once, o and the state written once) over the copy bandwidth,
-and the chunked form's matrix FLOPs over the BF16 matrix rate.
+H = 96 heads, K = V = 128, BF16 q/k/v, fp32 g (K3.1's gate, floor -5) and beta, fp32 initial
+and final states, both kernels l2-normalising q and k themselves. Cases: one sequence of 8K
+and 32K tokens, and 4 sequences of 8K (--quick); --full adds one sequence of 64K.
 
-Run: python -m benchmarks.kernels.bench_kda_prefill [--out DIR] [--lengths 8192 32768]
+Per case and variant: milliseconds, tokens/s, the ratio to fla measured side by side, and
+the fraction of the measured limits: the fewest bytes (inputs read once, o and the state
+written once) over the copy bandwidth, and the chunked form's matrix FLOPs over the BF16
+matrix rate. Correctness: on the 8K case every variant's o and final state are compared with
+the torch op (fp32, on the same BF16 inputs), as the max-abs error over the max-abs value.
+Stage times (stage 1 intra, stage 2 state, stage 3 output) are of the default variant.
+
+Run: python -m benchmarks.kernels.bench_kda_prefill --quick [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -19,28 +26,49 @@ import torch
 from benchmarks.common import measure_copy_bandwidth, measure_matmul_rate, time_ms, write_result
 
 HEADS, HEAD_DIM, CHUNK = 96, 128, 64
+CHECK_CASE = "1x8K"
+CHECK_TOLERANCE = 1e-2      # as the GPU test of BF16 inputs: BF16 intermediates and output
 
 
-def make_inputs(num_tokens: int, device: str = "cuda") -> dict[str, torch.Tensor]:
+def variants() -> dict[str, object]:
+    """Design variants: output fused into the sequential stage 2 (the old design) or in the
+    chunk-parallel stage 3; TF32 or BF16 products in stages 2-3; stage-2 and stage-1 tiles."""
+    from atomk31.triton_kernels.kda_prefill_tuning import KdaPrefillTuning as T
+
+    return {
+        "fused tf32 (old)": T(split_output=False, bf16_products=False),
+        "fused bf16": T(split_output=False),
+        "split bf16 (default)": T(),
+        "split bf16 bv16": T(block_v=16),
+        "split bf16 bv64": T(block_v=64),
+        "split bf16 w2 st3": T(num_warps=2, num_stages=3),
+        "split bf16 intra8w": T(intra_num_warps=8),
+        "split bf16 intra-cached": T(intra_cache_right=True),
+    }
+
+
+def make_inputs(lengths: list[int], device: str = "cuda") -> dict[str, torch.Tensor]:
     from atomk31.ops.kda import kda_gate_torch
 
+    num_tokens = sum(lengths)
     shape = (num_tokens, HEADS, HEAD_DIM)
     f = torch.randn(shape, device=device) * 3
     g = kda_gate_torch(f, torch.randn(HEADS, device=device),
                        torch.randn(HEADS * HEAD_DIM, device=device), -5.0)
+    bounds = torch.tensor([0] + lengths, device=device).cumsum(0).to(torch.int32)
     return {
         "q": torch.randn(shape, device=device, dtype=torch.bfloat16),
         "k": torch.randn(shape, device=device, dtype=torch.bfloat16),
         "v": torch.randn(shape, device=device, dtype=torch.bfloat16),
         "g": g, "beta": torch.rand(num_tokens, HEADS, device=device),
-        "state": torch.randn(1, HEADS, HEAD_DIM, HEAD_DIM, device=device),
-        "cu_seqlens": torch.tensor([0, num_tokens], dtype=torch.int32, device=device),
+        "state": torch.randn(len(lengths), HEADS, HEAD_DIM, HEAD_DIM, device=device),
+        "cu_seqlens": bounds,
     }
 
 
-def minimal_bytes(num_tokens: int) -> int:
+def minimal_bytes(num_tokens: int, num_requests: int) -> int:
     per_token = HEADS * HEAD_DIM * (2 + 2 + 2 + 4 + 2) + HEADS * 4    # q k v g o, beta
-    return num_tokens * per_token + 2 * HEADS * HEAD_DIM * HEAD_DIM * 4
+    return num_tokens * per_token + num_requests * 2 * HEADS * HEAD_DIM * HEAD_DIM * 4
 
 
 def chunked_flops(num_tokens: int) -> int:
@@ -52,7 +80,49 @@ def chunked_flops(num_tokens: int) -> int:
     return HEADS * (num_tokens // c) * per_chunk
 
 
-def run(lengths: list[int], out_dir: Path | None) -> dict:
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((actual.float() - expected).abs().max() / expected.abs().max())
+
+
+def stage_times(x: dict[str, torch.Tensor], scale: float) -> dict[str, float]:
+    """Milliseconds of each stage of the default variant, launched as kda_prefill_triton
+    does."""
+    from atomk31.triton_kernels.kda_prefill import plan_chunks
+    from atomk31.triton_kernels.kda_prefill_intra import kda_prefill_intra
+    from atomk31.triton_kernels.kda_prefill_output import kda_prefill_output
+    from atomk31.triton_kernels.kda_prefill_state import kda_prefill_state
+    from atomk31.triton_kernels.kda_prefill_tuning import KdaPrefillTuning
+
+    plan = plan_chunks(x["cu_seqlens"].tolist(), [])
+    device = x["q"].device
+    table = {name: torch.tensor(values, dtype=torch.int32, device=device)
+             for name, values in plan.items() if name != "copies"}
+    tuning = KdaPrefillTuning()
+    o = torch.empty_like(x["v"])
+    snapshots = torch.empty(1, HEADS, HEAD_DIM, HEAD_DIM, device=device)
+
+    def intra() -> dict[str, torch.Tensor]:
+        return kda_prefill_intra(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                 table["chunk_start"], table["chunk_len"], scale,
+                                 torch.bfloat16, tuning.intra_num_warps,
+                                 tuning.intra_cache_right)
+
+    stage1 = intra()
+
+    def state() -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+        return kda_prefill_state(stage1, x["state"], o, snapshots, table["chunk_start"],
+                                 table["chunk_len"], table["chunk_snapshot"],
+                                 table["request_chunks"], tuning)
+
+    _, stage2 = state()
+    return {"intra": time_ms(intra), "state": time_ms(state),
+            "output": time_ms(lambda: kda_prefill_output(
+                stage1, stage2, o, table["chunk_start"], table["chunk_len"],
+                tuning.bf16_products, tuning.output_block_v))}
+
+
+def run(cases: dict[str, list[int]], out_dir: Path | None) -> dict:
+    from atomk31.ops.kda_prefill import kda_prefill_torch
     from atomk31.triton_kernels.kda_prefill import kda_prefill_triton
 
     try:
@@ -62,65 +132,97 @@ def run(lengths: list[int], out_dir: Path | None) -> dict:
     copy_bw, matmul_rate = measure_copy_bandwidth(), measure_matmul_rate()
     scale = HEAD_DIM ** -0.5
     rows = []
-    for num_tokens in lengths:
-        x = make_inputs(num_tokens)
-        variants = {
-            "atomk31 bf16": dict(),
-            "atomk31 bf16 bv64": dict(block_v=64),
-            "atomk31 fp32-intermediates": dict(intermediate_dtype=torch.float32),
-        }
-        row = {"tokens": num_tokens}
-        for name, knobs in variants.items():
-            try:
-                ms = time_ms(lambda: kda_prefill_triton(
-                    x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"], x["cu_seqlens"],
-                    scale, **knobs))
-            except Exception as error:  # a variant that does not compile is reported, not fatal
-                row[name] = f"failed: {type(error).__name__}: {str(error)[:200]}"
-                continue
-            row[name] = {"ms": ms, "tokens_per_s": num_tokens / ms * 1e3,
-                         "fraction_of_copy_bw": minimal_bytes(num_tokens) / (ms * 1e-3) / copy_bw,
-                         "fraction_of_matmul_rate":
-                             chunked_flops(num_tokens) / (ms * 1e-3) / matmul_rate}
+    for case, lengths in cases.items():
+        x = make_inputs(lengths)
+        num_tokens = sum(lengths)
+        args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"], x["cu_seqlens"], scale)
+        expected = None
+        if case == CHECK_CASE:
+            expected = kda_prefill_torch(x["q"].float(), x["k"].float(), x["v"].float(),
+                                         *args[3:])
+        row: dict = {"case": case, "tokens": num_tokens, "requests": len(lengths)}
+        timed: dict[str, Callable[[], object]] = {}
+        for name, tuning in variants().items():
+            timed[name] = (lambda tuning=tuning: kda_prefill_triton(*args, tuning=tuning))
         if chunk_kda is not None:
             cu = x["cu_seqlens"].long()
+            timed["fla chunk_kda"] = lambda: chunk_kda(
+                x["q"][None], x["k"][None], x["v"][None], x["g"][None], x["beta"][None],
+                scale=scale, initial_state=x["state"], output_final_state=True,
+                use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+        for name, fn in timed.items():
             try:
-                ms = time_ms(lambda: chunk_kda(
-                    x["q"][None], x["k"][None], x["v"][None], x["g"][None], x["beta"][None],
-                    scale=scale, initial_state=x["state"], output_final_state=True,
-                    use_qk_l2norm_in_kernel=True, cu_seqlens=cu))
-            except Exception as error:  # the peer failing is reported, not fatal
-                row["fla chunk_kda"] = f"failed: {type(error).__name__}: {str(error)[:200]}"
-            else:
-                row["fla chunk_kda"] = {"ms": ms, "tokens_per_s": num_tokens / ms * 1e3}
-                for name in variants:
-                    if isinstance(row[name], dict):
-                        row[name]["speedup_vs_fla"] = ms / row[name]["ms"]
+                result = fn()
+                ms = time_ms(fn)
+            except Exception as error:  # a variant that does not compile is reported, not fatal
+                row[name] = f"failed: {type(error).__name__}: {str(error)[:300]}"
+                continue
+            entry = {"ms": ms, "tokens_per_s": num_tokens / ms * 1e3,
+                     "fraction_of_copy_bw":
+                         minimal_bytes(num_tokens, len(lengths)) / (ms * 1e-3) / copy_bw,
+                     "fraction_of_matmul_rate":
+                         chunked_flops(num_tokens) / (ms * 1e-3) / matmul_rate}
+            if expected is not None:
+                o, final_state = (result[0][0], result[1]) if name.startswith("fla") \
+                    else result[:2]
+                entry["o_error"] = relative_error(o, expected[0])
+                entry["state_error"] = relative_error(final_state, expected[1])
+                entry["correct"] = max(entry["o_error"], entry["state_error"]) < CHECK_TOLERANCE
+            row[name] = entry
+        fla = row.get("fla chunk_kda")
+        if isinstance(fla, dict):
+            for name in variants():
+                if isinstance(row.get(name), dict):
+                    row[name]["speedup_vs_fla"] = fla["ms"] / row[name]["ms"]
+        try:
+            row["stages_ms"] = stage_times(x, scale)
+        except Exception as error:  # reported, not fatal
+            row["stages_ms"] = f"failed: {type(error).__name__}: {str(error)[:300]}"
         rows.append(row)
-        del x
+        del x, expected
         torch.cuda.empty_cache()
     payload = {"copy_bandwidth_bytes_per_s": copy_bw, "matmul_flops_per_s": matmul_rate,
                "heads": HEADS, "head_dim": HEAD_DIM, "rows": rows}
     path = write_result("kda_prefill", payload, out_dir)
-    print(f"{'tokens':>7} {'variant':>28} {'ms':>8} {'Mtok/s':>7} {'vs fla':>7}")
-    for row in rows:
-        for name, value in row.items():
-            if isinstance(value, dict):
-                print(f"{row['tokens']:>7} {name:>28} {value['ms']:8.3f} "
-                      f"{value['tokens_per_s'] / 1e6:7.3f} {value.get('speedup_vs_fla', 1.0):7.3f}")
-            elif name != "tokens":
-                print(f"{row['tokens']:>7} {name:>28} {value}")
+    print_table(rows)
     print(f"wrote {path}")
     return payload
 
 
+def print_table(rows: list[dict]) -> None:
+    print(f"{'case':>6} {'variant':>24} {'ms':>7} {'Mtok/s':>7} {'vs fla':>6} {'copyBW':>6} "
+          f"{'MMA':>6} {'o err':>8} {'S err':>8}")
+    for row in rows:
+        for name, value in row.items():
+            if name in ("case", "tokens", "requests"):
+                continue
+            if name == "stages_ms":
+                text = value if isinstance(value, str) else \
+                    "  ".join(f"{stage} {ms:.3f}" for stage, ms in value.items())
+                print(f"{row['case']:>6} {'stages (ms)':>24} {text}")
+            elif isinstance(value, dict):
+                errors = (f"{value['o_error']:8.1e} {value['state_error']:8.1e} "
+                          f"{'ok' if value['correct'] else 'FAIL'}" if "o_error" in value else "")
+                print(f"{row['case']:>6} {name:>24} {value['ms']:7.3f} "
+                      f"{value['tokens_per_s'] / 1e6:7.3f} "
+                      f"{value.get('speedup_vs_fla', 1.0):6.3f} "
+                      f"{value['fraction_of_copy_bw']:6.3f} "
+                      f"{value['fraction_of_matmul_rate']:6.3f} {errors}")
+            else:
+                print(f"{row['case']:>6} {name:>24} {value}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768, 65536])
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--quick", action="store_true", help="1x8K, 1x32K and 4x8K only")
+    parser.add_argument("--out", type=Path, default=None, help="directory for the JSON result")
     args = parser.parse_args()
-    run(args.lengths, args.out)
+    cases = {CHECK_CASE: [8192], "1x32K": [32768], "4x8K": [8192] * 4}
+    if not args.quick:
+        cases["1x64K"] = [65536]
+    run(cases, args.out)
 
 
 if __name__ == "__main__":
     main()
+

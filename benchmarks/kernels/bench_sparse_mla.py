@@ -2,12 +2,18 @@
 
 Figure: FLOP/s (2 * H * k * (576 + 512) per row: scores and values) against the BF16 GEMM
 rate measured in the same run (anchor: FlashMLA's sparse decode, about 410 TFLOP/s on an
-H800), for plain decode (16 rows) and verification (16 requests x 4 rows), per tile
-configuration (heads x keys per step x pipeline stages); bytes per second (the selected
-rows read once per row) against the copy bandwidth.
+H800), and bytes per second (the selected rows read once per row, queries read and fp32
+outputs written once) against the copy bandwidth, at 16 and 64 decode rows, for several tile
+configurations side by side: heads per program (bh), keys per step (bn), warps (w),
+pipeline stages (s) and key splits (sp; default: the fewest that fill the multiprocessors).
+Each variant is checked against the op's torch implementation (fp32) before it is timed.
 Peer: the op's torch implementation.
 
-Usage: python -m benchmarks.kernels.bench_sparse_mla [--out DIR]
+Floors on an H200 (~750 TFLOP/s bf16, ~4.25 TB/s copy): 16 rows 6.85 GFLOP = 9.1 us,
+23.8 MB = 5.6 us; 64 rows 27.4 GFLOP = 36.5 us, 95 MB = 22 us: matrix-bound. BLOCK_H = 64
+pads 96 heads to 128, so the issued products cap it near 75% of the matrix rate.
+
+Usage: python -m benchmarks.kernels.bench_sparse_mla [--out DIR] [--rows 16 64]
 """
 
 from __future__ import annotations
@@ -28,7 +34,23 @@ DEVICE = "cuda"  # the benchmarks time GPU kernels
 SOFTMAX_SCALE = 192**-0.5
 CONTEXT = 131072  # tokens per request the selections are drawn from
 ROW_COUNTS = [16, 64]
-CONFIGS = [(64, 64, 2), (64, 32, 2)]  # heads, keys per step, stages (32x3, 16x3: slower)
+# (heads, keys per step, warps, stages, splits or None, scores via memory, prefetch keys):
+# the first two
+# are the launcher's defaults at 64 and 16 rows. With 8 warps and 64 vectors Triton gives the
+# score product both warpgroups over the same 64 rows (its flash-attention layout for a dot
+# feeding a dot), so it runs twice; "vm" hands the probabilities to the value product
+# through a scratch buffer, which lets each warpgroup take half the keys (half the score
+# wgmmas, no register spills in the sm_90 build). 128 keys per step widen the score wgmma
+# (64x64 instead of 64x32). "pf" loads the next key tile into registers one step ahead (the
+# scratch barrier turns Triton's pipelining off). bh32 / bh16 run mma.sync without padding
+# (3 or 6 programs re-read a row's keys from L2); bh16 x w4 is sglang's Triton MLA tile.
+CONFIGS = [
+    (64, 64, 8, 2, None, False, False), (64, 32, 8, 2, None, False, False),
+    (64, 128, 8, 1, None, False, False), (64, 64, 8, 1, None, False, False),
+    (32, 64, 8, 2, None, False, False), (16, 32, 4, 2, None, False, False),
+    (64, 64, 8, 1, None, True, False), (64, 32, 8, 1, None, True, False),
+    (64, 32, 8, 1, None, True, True), (64, 64, 8, 1, 8, True, False),
+]
 
 
 def make_latent_cache(num_blocks: int, device: str) -> torch.Tensor:
@@ -42,48 +64,83 @@ def random_selection(num_rows: int, num_slots: int, device: str) -> torch.Tensor
     return keys.topk(TOP_K, dim=1).indices.to(torch.int32)
 
 
+def variant_name(block_h: int, block_n: int, num_warps: int, num_stages: int,
+                 num_splits: int | None, scores_via_memory: bool, prefetch_keys: bool) -> str:
+    splits = "" if num_splits is None else f"_sp{num_splits}"
+    memory = "_vm" if scores_via_memory else ""
+    prefetch = "_pf" if prefetch_keys else ""
+    return f"bh{block_h}_bn{block_n}_w{num_warps}_s{num_stages}{splits}{memory}{prefetch}"
+
+
 def bench_rows(num_rows: int, cache: torch.Tensor, copy_bw: float, matmul_rate: float) -> dict:
     slots = random_selection(num_rows, min(cache.shape[0] * BLOCK_SIZE, CONTEXT), DEVICE)
     q = torch.randn(num_rows, NUM_HEADS, 576, device=DEVICE).to(torch.bfloat16)
     flops = 2 * num_rows * NUM_HEADS * TOP_K * (576 + 512)
-    num_bytes = num_rows * TOP_K * 576
-    want_out, _ = sparse_mla_torch(q.float(), cache, 1.0, slots, SOFTMAX_SCALE)
+    num_bytes = num_rows * (TOP_K * (576 + 4) + NUM_HEADS * (576 * 2 + 512 * 4))
+    want_out, want_lse = sparse_mla_torch(q.float(), cache, 1.0, slots, SOFTMAX_SCALE)
     result = {"rows": num_rows, "heads": NUM_HEADS, "k": TOP_K, "flops": flops,
               "bytes": num_bytes}
-    variants = {f"triton_bh{h}_bn{n}_s{st}": (
-        lambda h=h, n=n, st=st: sparse_mla_triton(q, cache, 1.0, slots, SOFTMAX_SCALE,
-                                                  block_h=h, block_n=n, num_stages=st))
-        for h, n, st in CONFIGS}
+    variants = {variant_name(*config): (
+        lambda c=config: sparse_mla_triton(q, cache, 1.0, slots, SOFTMAX_SCALE, block_h=c[0],
+                                           block_n=c[1], num_warps=c[2], num_stages=c[3],
+                                           num_splits=c[4], scores_via_memory=c[5],
+                                           prefetch_keys=c[6]))
+        for config in CONFIGS}
+    variants["default"] = lambda: sparse_mla_triton(q, cache, 1.0, slots, SOFTMAX_SCALE)
     variants["torch"] = lambda: sparse_mla_torch(q, cache, 1.0, slots, SOFTMAX_SCALE)
     for name, fn in variants.items():
-        out, _ = fn()
+        try:
+            out, lse = fn()
+            torch.cuda.synchronize()
+        except Exception as error:  # one failing configuration must not hide the others
+            result[name] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
+            continue
         error = ((out - want_out).norm() / want_out.norm()).item()
+        lse_error = ((lse - want_lse).norm() / want_lse.norm()).item()
         ms = time_ms(fn)
         result[name] = {"ms": ms, "matmul_fraction": flops / (ms * 1e-3) / matmul_rate,
                         "tflops": flops / (ms * 1e-3) / 1e12,
                         "bandwidth_fraction": num_bytes / (ms * 1e-3) / copy_bw,
-                        "relative_error_vs_torch_fp32": error}
+                        "relative_error_vs_torch_fp32": error,
+                        "lse_relative_error": lse_error}
+    torch_ms = result["torch"].get("ms")
+    for name, value in result.items():
+        if isinstance(value, dict) and "ms" in value and torch_ms:
+            value["speedup_vs_torch"] = torch_ms / value["ms"]
     return result
+
+
+def print_table(results: list[dict]) -> None:
+    print(f"{'rows':>4} {'variant':<24} {'ms':>8} {'TFLOP/s':>8} {'of GEMM':>8} {'of BW':>6} "
+          f"{'x torch':>8} {'rel err':>8}")
+    for r in results:
+        for name, v in r.items():
+            if not isinstance(v, dict):
+                continue
+            if "error" in v:
+                print(f"{r['rows']:>4} {name:<24} FAILED {v['error'][:60]}")
+                continue
+            print(f"{r['rows']:>4} {name:<24} {v['ms']:8.4f} {v['tflops']:8.1f} "
+                  f"{v['matmul_fraction']:8.1%} {v['bandwidth_fraction']:6.1%} "
+                  f"{v.get('speedup_vs_torch', 0):8.1f} "
+                  f"{v['relative_error_vs_torch_fp32']:8.1e}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="results directory")
+    parser.add_argument("--rows", type=int, nargs="+", default=ROW_COUNTS)
     args = parser.parse_args()
     torch.manual_seed(0)
     copy_bw, matmul_rate = measure_copy_bandwidth(), measure_matmul_rate()
     cache = make_latent_cache(CONTEXT // BLOCK_SIZE, DEVICE)
-    results = [bench_rows(n, cache, copy_bw, matmul_rate) for n in ROW_COUNTS]
+    results = [bench_rows(n, cache, copy_bw, matmul_rate) for n in args.rows]
     path = write_result("triton_sparse_mla", {
         "shape": f"H {NUM_HEADS}, k {TOP_K}, fp8 latent, block {BLOCK_SIZE}",
         "copy_bandwidth_Bps": copy_bw, "bf16_matmul_flops": matmul_rate, "results": results},
         out_dir=args.out)
     print(f"copy {copy_bw / 1e12:.2f} TB/s, bf16 GEMM {matmul_rate / 1e12:.0f} TFLOP/s")
-    for r in results:
-        cells = [f"{name} {v['ms']:.3f} ms {v['tflops']:.0f} TF ({v['matmul_fraction']:.0%}) "
-                 f"err {v['relative_error_vs_torch_fp32']:.1e}"
-                 for name, v in r.items() if isinstance(v, dict)]
-        print(f"rows {r['rows']:>3}: " + " | ".join(cells))
+    print_table(results)
     print(f"wrote {path}")
 
 

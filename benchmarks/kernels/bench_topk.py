@@ -1,13 +1,17 @@
-"""Triton radix top-k (k = 2048) over 64 rows of 128K to 1M scores, against torch.topk.
+"""Triton top-k (k = 2048) over 64 rows of 128K to 1M scores, against torch.topk.
 
-Figures: time against torch.topk on the same scores (no tie rule; the peer the goal names)
-and against the op's torch implementation (a stable sort: the exact definition), whether
-the result equals that definition, and bytes per second (the scores read once) against the
-copy bandwidth measured in the same run. Also the fused slot output (`topk_slots`), and both
-top-k peers replayed from CUDA graphs (how a decode step runs them): the radix select is
-five launches, so eager timings of short rows include Python launch overhead.
+Cases: random normal scores at 128K, 256K and 1M positions; at 128K also all scores equal
+(every row overflows its candidate buffer: the one-program-per-row rescan) and scores rising
+with the position (ties in runs of 4). Every variant's result is checked against the op's
+torch implementation (a stable sort: the exact definition) on every case.
 
-Usage: python -m benchmarks.kernels.bench_topk [--out DIR] [--lengths 131072 ...]
+Figures per case: eager and CUDA-graph times of the Triton top-k (the default launch, the
+fused slot output, and tuning variants: programs per row, warps, candidate capacity), the
+stages alone (graph: stage 1, stages 1-2, all three), torch.topk (no tie rule; the peer the
+goal names) eager and graph, and the exact torch op. Ratios: torch.topk time over ours (same
+mode), and bytes per second (the scores read once) over the copy bandwidth of the same run.
+
+Usage: python -m benchmarks.kernels.bench_topk [--out DIR] [--quick]
 """
 
 from __future__ import annotations
@@ -18,15 +22,23 @@ from pathlib import Path
 
 import torch
 
-from atomk31.ops.topk import topk_positions_torch
+from atomk31.ops.topk import positions_to_slots_torch, topk_positions_torch
 from atomk31.triton_kernels.topk import topk_triton
 from benchmarks.common import measure_copy_bandwidth, time_ms, write_result
 
 NUM_ROWS = 64
 K = 2048
-LENGTHS = [131072, 262144, 524288, 1048576]
 BLOCK_SIZE = 128
 DEVICE = "cuda"  # the benchmarks time GPU kernels
+# name: (length, kind of scores)
+CASES = {
+    "normal_128K": (131072, "normal"),
+    "normal_256K": (262144, "normal"),
+    "normal_1M": (1048576, "normal"),
+    "equal_128K": (131072, "equal"),
+    "rising_128K": (131072, "rising"),
+}
+QUICK_CASES = ["normal_128K", "normal_1M", "equal_128K", "rising_128K"]
 
 
 def graph_ms(fn: Callable[[], object]) -> float:
@@ -38,58 +50,102 @@ def graph_ms(fn: Callable[[], object]) -> float:
     return time_ms(graph.replay)
 
 
-def bench_length(length: int, copy_bw: float) -> dict:
-    scores = torch.randn(NUM_ROWS, length, device=DEVICE)
+def make_scores(length: int, kind: str) -> torch.Tensor:
+    if kind == "normal":
+        return torch.randn(NUM_ROWS, length, device=DEVICE)
+    if kind == "equal":
+        return torch.full((NUM_ROWS, length), 0.5, device=DEVICE)
+    position = torch.arange(length, device=DEVICE, dtype=torch.float32)
+    return (position // 4)[None].repeat(NUM_ROWS, 1)
+
+
+def bench_case(name: str, copy_bw: float, programs_per_sm: int) -> dict:
+    length, kind = CASES[name]
+    scores = make_scores(length, kind)
     lengths = torch.full((NUM_ROWS,), length, device=DEVICE)
-    # Causal rows of verification: the last rows of each request end a little earlier.
-    lengths[1::4] -= 1
-    blocks = -(-length // BLOCK_SIZE)
-    block_table = torch.randperm(16 * blocks, device=DEVICE).view(16, blocks).int()
-    row_request = torch.arange(16, device=DEVICE).repeat_interleave(4).to(torch.int32)
-    got = topk_triton(scores, K, lengths)
-    result = {"rows": NUM_ROWS, "length": length, "k": K,
-              "exact": bool(torch.equal(got, topk_positions_torch(scores, K, lengths)))}
+    lengths[1::4] -= 1  # causal rows of verification end a little earlier
+    blocks, num_requests = -(-length // BLOCK_SIZE), NUM_ROWS // 4  # 4 rows per request
+    block_table = torch.randperm(num_requests * blocks, device=DEVICE).view(num_requests, blocks)
+    row_request = torch.arange(num_requests, device=DEVICE).repeat_interleave(4)
+    want = topk_positions_torch(scores, K, lengths)
+    block_table, row_request = block_table.int(), row_request.int()
+    want_slots = positions_to_slots_torch(want, block_table, row_request, BLOCK_SIZE)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    per_row = -(-programs_per_sm * sms // NUM_ROWS)
     variants = {
-        "triton": lambda: topk_triton(scores, K, lengths),
-        "triton_slots": lambda: topk_triton(scores, K, lengths, block_table, row_request,
-                                            BLOCK_SIZE),
-        "torch.topk": lambda: torch.topk(scores, K, dim=1),
-        "torch_exact_sort": lambda: topk_positions_torch(scores, K, lengths),
+        "triton": {},
+        "ppr_x0.5": {"programs_per_row": max(1, per_row // 2)},
+        "ppr_x2": {"programs_per_row": 2 * per_row},
+        "collect_warps4": {"collect_warps": 4},
+        "finish_warps16": {"finish_warps": 16},
+        "capacity4": {"capacity_factor": 4},
     }
+    result = {"rows": NUM_ROWS, "length": length, "k": K, "scores": kind, "exact": {},
+              "ms": {}, "graph_ms": {}}
+    for variant, options in variants.items():
+        try:  # a tuning variant that fails must not hide the others
+            got = topk_triton(scores, K, lengths, **options)
+            result["exact"][variant] = bool(torch.equal(got, want))
+            result["graph_ms"][variant] = graph_ms(
+                lambda: topk_triton(scores, K, lengths, **options))
+        except Exception as error:  # noqa: BLE001 (reported in the table and the JSON)
+            result["exact"][variant] = f"{type(error).__name__}: {error}"[:300]
+            result["graph_ms"][variant] = float("nan")
+    slots = topk_triton(scores, K, lengths, block_table, row_request, BLOCK_SIZE)
+    result["exact"]["triton_slots"] = bool(torch.equal(slots, want_slots))
+    result["ms"]["triton"] = time_ms(lambda: topk_triton(scores, K, lengths))
+    result["ms"]["triton_slots"] = time_ms(
+        lambda: topk_triton(scores, K, lengths, block_table, row_request, BLOCK_SIZE))
+    for stages in (1, 2):
+        result["graph_ms"][f"stages_1-{stages}"] = graph_ms(
+            lambda: topk_triton(scores, K, lengths, stages=stages))
+    result["ms"]["torch.topk"] = time_ms(lambda: torch.topk(scores, K, dim=1))
+    result["graph_ms"]["torch.topk"] = graph_ms(lambda: torch.topk(scores, K, dim=1))
+    result["ms"]["torch_exact"] = time_ms(lambda: topk_positions_torch(scores, K, lengths))
     num_bytes = scores.numel() * 4
-    for name, fn in variants.items():
-        ms = time_ms(fn)
-        result[name] = {"ms": ms, "bandwidth_fraction": num_bytes / (ms * 1e-3) / copy_bw}
-    for name in ("triton", "torch.topk"):
-        result[f"{name}_graph"] = {"ms": graph_ms(variants[name])}
-    result["speedup_vs_torch_topk"] = result["torch.topk"]["ms"] / result["triton"]["ms"]
-    result["graph_speedup_vs_torch_topk"] = (result["torch.topk_graph"]["ms"]
-                                             / result["triton_graph"]["ms"])
-    result["speedup_vs_torch_exact"] = result["torch_exact_sort"]["ms"] / result["triton"]["ms"]
+    result["bandwidth_fraction"] = {
+        f"{mode}:{variant}": num_bytes / (ms * 1e-3) / copy_bw
+        for mode in ("ms", "graph_ms") for variant, ms in result[mode].items()}
+    result["speedup_vs_torch_topk"] = result["ms"]["torch.topk"] / result["ms"]["triton"]
+    result["graph_speedup_vs_torch_topk"] = (result["graph_ms"]["torch.topk"]
+                                             / result["graph_ms"]["triton"])
     return result
+
+
+def print_table(copy_bw: float, results: list[dict]) -> None:
+    print(f"copy {copy_bw / 1e12:.2f} TB/s; times in us (g = CUDA graph); "
+          f"x = torch.topk time / ours; BW = scores bytes / time / copy bandwidth")
+    for r in results:
+        g, e = r["graph_ms"], r["ms"]
+        bad = {v: ok for v, ok in r["exact"].items() if ok is not True}
+        print(f"{r['scores']:>6} {r['rows']}x{r['length']:<8} exact={'all' if not bad else bad}")
+        print(f"   eager: triton {e['triton'] * 1e3:7.1f} slots {e['triton_slots'] * 1e3:7.1f}"
+              f" topk {e['torch.topk'] * 1e3:7.1f} x{r['speedup_vs_torch_topk']:5.2f}"
+              f" exact-torch {e['torch_exact'] * 1e3:7.1f}")
+        print(f"   graph: triton {g['triton'] * 1e3:7.1f} topk {g['torch.topk'] * 1e3:7.1f}"
+              f" x{r['graph_speedup_vs_torch_topk']:5.2f}"
+              f" BW {r['bandwidth_fraction']['graph_ms:triton']:5.1%}"
+              f" | stage1 {g['stages_1-1'] * 1e3:6.1f} +2 {g['stages_1-2'] * 1e3:6.1f}")
+        print("   graph variants: " + " ".join(
+            f"{v} {g[v] * 1e3:.1f}" for v in ("ppr_x0.5", "ppr_x2", "collect_warps4",
+                                              "finish_warps16", "capacity4")))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="results directory")
-    parser.add_argument("--lengths", type=int, nargs="+", default=LENGTHS)
+    parser.add_argument("--quick", action="store_true", help=f"only {QUICK_CASES}")
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=None)
+    parser.add_argument("--programs-per-sm", type=int, default=4,
+                        help="the default launch's programs per multiprocessor (variants x0.5, x2)")
     args = parser.parse_args()
+    cases = args.cases or (QUICK_CASES if args.quick else list(CASES))
     torch.manual_seed(0)
     copy_bw = measure_copy_bandwidth()
-    results = [bench_length(n, copy_bw) for n in args.lengths]
+    results = [bench_case(name, copy_bw, args.programs_per_sm) for name in cases]
     path = write_result("triton_topk", {"copy_bandwidth_Bps": copy_bw, "results": results},
                         out_dir=args.out)
-    print(f"copy {copy_bw / 1e12:.2f} TB/s")
-    print(f"{'rows x length':>16} {'exact':>5} {'triton ms':>9} {'of BW':>6} {'slots ms':>8} "
-          f"{'topk ms':>8} {'x topk':>6} {'sort ms':>8} {'graph: triton':>13} {'topk':>6} "
-          f"{'x topk':>6}")
-    for r in results:
-        print(f"{r['rows']:>5} x {r['length']:>8} {str(r['exact']):>5} "
-              f"{r['triton']['ms']:9.3f} {r['triton']['bandwidth_fraction']:6.1%} "
-              f"{r['triton_slots']['ms']:8.3f} {r['torch.topk']['ms']:8.3f} "
-              f"{r['speedup_vs_torch_topk']:6.2f} {r['torch_exact_sort']['ms']:8.3f} "
-              f"{r['triton_graph']['ms']:13.3f} {r['torch.topk_graph']['ms']:6.3f} "
-              f"{r['graph_speedup_vs_torch_topk']:6.2f}")
+    print_table(copy_bw, results)
     print(f"wrote {path}")
 
 

@@ -32,30 +32,18 @@ CAPTURE_TIMEOUT_S = 600
 REGISTER_BUDGET: dict[str, int] = {}
 
 # Examples whose products must run on scaled MFMA (MXFP4 with E8M0 scales), per architecture.
-SCALED_MFMA_EXAMPLES: dict[str, set[str]] = {"gfx950": {"moe_experts_mxfp4[dot_scaled]"}}
+SCALED_MFMA_EXAMPLES: dict[str, set[str]] = {
+    "gfx950": {"moe_experts_mxfp4[dot_scaled]", "moe_experts_mxfp4[gemv dot_scaled]"}}
 
 # (arch or "*", example) -> what the check found (measured with triton 3.x, this repo's
 # kernels); for kernels owned elsewhere. Strict: a fixed kernel turns its test red (XPASS).
 KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    ("*", "kda_prefill"): "kda_prefill_intra_kernel 298 VGPRs (one wave per SIMD); "
-                          "kda_prefill_state_kernel 287 (gfx950) / 353 (gfx942) VGPRs, ~25 "
-                          "SGPR spills, and 80 KiB LDS on gfx942 (over its 64 KiB). Compiled "
-                          "with the launcher's CPU choice DOT_PRECISION='ieee'",
-    ("gfx942", "indexer_score[fp8]"): "indexer_score_kernel at the 256-VGPR cap of 8 warps: "
-                                      "13 VGPRs spilled, 56 B scratch",
-    ("gfx942", "indexer_score[mxfp4]"): "indexer_score_kernel: 3 VGPRs spilled, 16 B scratch",
-    ("gfx942", "sparse_mla[fp8 cache]"): "sparse_mla_kernel (BLOCK_H=64, 8 warps): 64 VGPRs "
-                                         "spilled, 236 B scratch",
-    ("gfx950", "dense_mla"): "sparse_mla_kernel in dense mode over a bf16 cache: 256 VGPRs "
-                             "(128 + 128 AGPRs, the 8-warp cap), 43 spilled, 176 B scratch",
-    ("*", "topk"): "topk_finish_kernel spills ~150 SGPRs (into VGPR lanes; no scratch)",
-    ("*", "topk[slots]"): "topk_finish_kernel spills ~155 SGPRs (into VGPR lanes; no scratch)",
-    ("gfx942", "ptpc_linear[prefill]"): "ptpc_gemm_kernel 128x128x128 tiles, 4 stages: 96 KiB "
-                                        "LDS, over gfx942's 64 KiB (OutOfResources)",
     ("gfx950", "moe_experts_mxfp4[dot_scaled]"): "tl.dot_scaled of bf16 activations with e2m1 "
                                                  "weights is decomposed to v_mfma_f32_16x16x32_"
                                                  "bf16: no v_mfma_scale_* (needs f8/f6/f4 on "
                                                  "both sides)",
+    ("gfx950", "moe_experts_mxfp4[gemv dot_scaled]"): "the small-batch GEMV's tl.dot_scaled: "
+                                                      "bf16 x e2m1 decomposes to bf16 MFMA too",
 }
 
 

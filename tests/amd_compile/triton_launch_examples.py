@@ -249,7 +249,7 @@ def sparse_mla() -> None:
     latent_cache = torch.zeros(num_blocks, block_size, 576, dtype=_fp8_dtype())
     slots = torch.randint(0, num_blocks * block_size, (num_rows, 256))
     sparse_mla_triton(torch.randn(num_rows, num_heads, 576, dtype=torch.bfloat16),
-                      latent_cache, 1.0, slots, 576 ** -0.5, num_splits=2, block_n=32)
+                      latent_cache, 1.0, slots, 576 ** -0.5, num_splits=2)
 
 
 def dense_mla() -> None:
@@ -279,6 +279,25 @@ def topk(with_slots: bool) -> Callable[[], None]:
     return run
 
 
+def moe_experts_gemv(mode: str) -> Callable[[], None]:
+    """Both small-batch GEMVs of ``moe_gemv.py`` through their launcher, BF16 activations."""
+    def run() -> None:
+        from atomk31.triton_kernels.moe_gemv import moe_experts_mxfp4_gemv_triton
+
+        num_experts, intermediate_size, latent_size = 4, 256, 256
+        topk_ids = torch.tensor([[0, 1], [2, 3], [1, 0]], dtype=torch.int32)
+        w13 = torch.zeros(num_experts, 2 * intermediate_size, latent_size // 2, dtype=torch.uint8)
+        w13_scales = torch.full((num_experts, 2 * intermediate_size, latent_size // 32), 127,
+                                dtype=torch.uint8)
+        w2 = torch.zeros(num_experts, latent_size, intermediate_size // 2, dtype=torch.uint8)
+        w2_scales = torch.full((num_experts, latent_size, intermediate_size // 32), 127,
+                               dtype=torch.uint8)
+        z = torch.randn(topk_ids.shape[0], latent_size, dtype=torch.bfloat16)
+        moe_experts_mxfp4_gemv_triton(z, torch.rand(topk_ids.shape), topk_ids, w13, w13_scales,
+                                      w2, w2_scales, 10.0, 10.0, mode=mode)
+    return run
+
+
 EXAMPLES: dict[str, Callable[[], None]] = {
     "indexer_score[fp8]": indexer_score("fp8", use_fp8_dot=False),
     "indexer_score[fp8, fp8 dot]": indexer_score("fp8", use_fp8_dot=True),
@@ -297,6 +316,10 @@ EXAMPLES: dict[str, Callable[[], None]] = {
     "moe_route": moe_route,
     "moe_experts_mxfp4": moe_experts(use_dot_scaled=False),
     "moe_experts_mxfp4[dot_scaled]": moe_experts(use_dot_scaled=True),
+    "moe_experts_mxfp4[gemv fma]": moe_experts_gemv("fma"),
+    "moe_experts_mxfp4[gemv fma_words]": moe_experts_gemv("fma_words"),
+    "moe_experts_mxfp4[gemv dot]": moe_experts_gemv("dot"),
+    "moe_experts_mxfp4[gemv dot_scaled]": moe_experts_gemv("dot_scaled"),
     "sparse_mla[fp8 cache]": sparse_mla,
     "dense_mla": dense_mla,
     "topk": topk(with_slots=False),

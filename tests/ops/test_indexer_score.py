@@ -103,6 +103,25 @@ def test_indexer_score_torch_matches_naive_loop(block_size, key_format):
     assert_scores_close("indexer scores", got, want)
 
 
+def test_indexer_score_torch_takes_num_positions_from_the_host():
+    """num_positions = max + 1 gives the same scores; a wider L adds -inf columns."""
+    keys, block_table, index_values, index_scales = build_requests(
+        REQUEST_LENGTHS, 16, "fp8", "e4m3fn", seed=3)
+    generator = torch.Generator().manual_seed(5)
+    row_request = torch.tensor([r for r, _ in ROWS], dtype=torch.int32)
+    row_position = torch.tensor([p for _, p in ROWS], dtype=torch.int64)
+    q = torch.randn(len(ROWS), NUM_INDEX_HEADS, 128, generator=generator)
+    head_weights = torch.randn(len(ROWS), NUM_INDEX_HEADS, generator=generator)
+    args = (q, head_weights, index_values, index_scales, "fp8", "e4m3fn", block_table,
+            row_request, row_position, 16)
+    default = indexer_score_torch(*args)
+    length = int(row_position.max()) + 1
+    assert torch.equal(indexer_score_torch(*args, num_positions=length), default)
+    wider = indexer_score_torch(*args, num_positions=length + 5)
+    assert wider.shape == (len(ROWS), length + 5)
+    assert torch.equal(wider[:, :length], default) and torch.isneginf(wider[:, length:]).all()
+
+
 def test_indexer_score_torch_quantizes_the_query():
     # With a query far from the fp8 grid, skipping the query quantization changes the scores.
     keys, block_table, values, scales = build_requests([5], 16, "fp8", "e4m3fn", seed=3)

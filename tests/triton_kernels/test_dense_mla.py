@@ -71,6 +71,46 @@ def test_dense_mla_triton_interpreter_matches_torch(interpreted, num_splits, lat
     assert_close("lse", got_lse, want_lse)
 
 
+# Verification rows: 4 consecutive rows per request (across a block edge), a short last group.
+VERIFY_ROWS = [(1, 33), (1, 34), (1, 35), (1, 36), (2, 14), (2, 15), (2, 16), (2, 17), (0, 0)]
+
+
+@pytest.mark.parametrize("latent_dtype", [torch.bfloat16, torch.float8_e4m3fn],
+                         ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("rows_per_program", [None, 2, 4], ids=lambda r: f"rows{r}")
+@pytest.mark.parametrize("num_splits", [1, 3], ids=lambda s: f"splits{s}")
+def test_dense_mla_triton_interpreter_grouped_rows_match_torch(interpreted, num_splits,
+                                                               rows_per_program, latent_dtype):
+    # 5 heads: with 4 rows a program holds 4 x 4 query vectors, the second head block masked.
+    block_table, cache = build_cache([1, 37, 41], 16, latent_dtype, seed=8)
+    row_request, row_position, q = make_rows(VERIFY_ROWS, 5, seed=9)
+    args = (q, cache, LATENT_SCALE, block_table, row_request, row_position, 16, SOFTMAX_SCALE)
+    got_out, got_lse = interpreted.dense_mla_triton(*args, num_splits=num_splits,
+                                                    rows_per_program=rows_per_program,
+                                                    scores_via_memory=num_splits == 3,
+                                                    prefetch_keys=num_splits == 3)
+    want_out, want_lse = dense_mla_torch(*args)
+    assert_close("out", got_out, want_out)
+    assert_close("lse", got_lse, want_lse)
+
+
+def test_dense_mla_triton_rejects_rows_per_program_across_requests(interpreted):
+    block_table, cache = build_cache([1, 37, 41], 16, torch.bfloat16, seed=3)
+    row_request, row_position, q = make_rows(MIXED_ROWS, 3, seed=4)
+    with pytest.raises(ValueError, match="rows_per_program=2 needs every 2 consecutive rows"):
+        interpreted.dense_mla_triton(q, cache, LATENT_SCALE, block_table, row_request,
+                                     row_position, 16, SOFTMAX_SCALE, rows_per_program=2)
+
+
+def test_dense_mla_triton_interpreter_no_rows(interpreted):
+    block_table, cache = build_cache([3], 16, torch.bfloat16, seed=5)
+    out, lse = interpreted.dense_mla_triton(torch.zeros(0, 2, 576), cache, 1.0, block_table,
+                                            torch.zeros(0, dtype=torch.int32),
+                                            torch.zeros(0, dtype=torch.int64), 16,
+                                            SOFTMAX_SCALE)
+    assert out.shape == (0, 2, 512) and lse.shape == (0, 2)
+
+
 def test_dense_mla_triton_rejects_wrong_block_size(interpreted):
     block_table, cache = build_cache([3], 16, torch.bfloat16, seed=5)
     with pytest.raises(ValueError, match="pages hold 16 tokens but block_size is 32"):
@@ -79,7 +119,9 @@ def test_dense_mla_triton_rejects_wrong_block_size(interpreted):
 
 
 @pytest.mark.gpu
-def test_dense_mla_triton_gpu_verification_rows():
+@pytest.mark.parametrize("rows_per_program", [1, 2, 4], ids=lambda r: f"rows{r}")
+@pytest.mark.parametrize("scores_via_memory", [False, True], ids=["chained", "via-memory"])
+def test_dense_mla_triton_gpu_verification_rows(rows_per_program, scores_via_memory):
     from atomk31.triton_kernels.dense_mla import dense_mla_triton
 
     lengths = [1, 2049, 5000, 9001]
@@ -89,9 +131,29 @@ def test_dense_mla_triton_gpu_verification_rows():
     q = q.to(torch.bfloat16)
     got_out, got_lse = dense_mla_triton(q.cuda(), cache, LATENT_SCALE, block_table,
                                         row_request.cuda(), row_position.cuda(), 128,
-                                        SOFTMAX_SCALE)
+                                        SOFTMAX_SCALE, rows_per_program=rows_per_program,
+                                        scores_via_memory=scores_via_memory,
+                                        prefetch_keys=scores_via_memory)
     want_out, want_lse = dense_mla_torch(q.float().cuda(), cache, LATENT_SCALE, block_table,
                                          row_request.cuda(), row_position.cuda(), 128,
                                          SOFTMAX_SCALE)
     assert relative_error(got_out, want_out) < 1e-2
     assert relative_error(got_lse, want_lse) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows_per_program", [1, 4], ids=lambda r: f"rows{r}")
+def test_dense_mla_triton_gpu_float32_is_exact(rows_per_program):
+    """float32 queries and latent: float32 products (the engine's float32 mode)."""
+    from atomk31.triton_kernels.dense_mla import dense_mla_triton
+
+    lengths = [5, 700, 1300]
+    block_table, cache = build_cache(lengths, 64, torch.float32, seed=10, device="cuda")
+    rows = [(r, max(0, n - 4 + j)) for r, n in enumerate(lengths) for j in range(4)]
+    row_request, row_position, q = make_rows(rows, 96, seed=11)
+    args = (q.cuda(), cache, 1.0, block_table, row_request.cuda(), row_position.cuda(), 64,
+            SOFTMAX_SCALE)
+    got_out, got_lse = dense_mla_triton(*args, rows_per_program=rows_per_program)
+    want_out, want_lse = dense_mla_torch(*args)
+    assert_close("out", got_out, want_out, rtol=1e-4, atol=1e-5)
+    assert_close("lse", got_lse, want_lse, rtol=1e-5, atol=1e-5)

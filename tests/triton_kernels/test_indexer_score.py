@@ -73,12 +73,12 @@ def assert_scores_close(name, got, want, atol_scale="row"):
 
 
 def score_both(score, block_table, values, scales, key_format, rows, num_heads, block_size,
-               device, seed=7):
+               device, seed=7, **options):
     row_request, row_position, q, weights = make_rows(rows, num_heads, seed)
     index_format, fp8_variant = key_format
     args = (block_table, row_request, row_position)
     got = score(q.to(device), weights.to(device), values.to(device), scales.to(device),
-                index_format, fp8_variant, *(a.to(device) for a in args), block_size)
+                index_format, fp8_variant, *(a.to(device) for a in args), block_size, **options)
     want = indexer_score_torch(q, weights, values, scales, index_format, fp8_variant, *args,
                                block_size)
     return got.cpu(), want
@@ -109,6 +109,49 @@ def test_indexer_score_triton_interpreter_decode_rows(interpreted, num_heads):
     assert_scores_close("scores", got, want)
 
 
+# Interpreter configurations of the GPU code paths: four K = 32 products; block-table reads
+# per group of 2 tiles (group edges inside a request, a last partial group); one read per tile.
+PATH_CONFIGS = {
+    "k_split4": dict(dot="fp32", k_split=4, block_n=16, num_stages=1, tile_group=2),
+    "tile_group2": dict(dot="fp32", block_n=16, num_stages=1, tile_group=2),
+    "tile_reads": dict(dot="fp32", block_n=16, num_stages=1, tile_group=0),
+}
+
+
+@pytest.mark.parametrize("path", PATH_CONFIGS)
+def test_indexer_score_triton_interpreter_kernel_paths(interpreted, path):
+    from atomk31.triton_kernels.indexer_score import IndexerScoreConfig
+
+    block_table, values, scales = build_cache([1, 37, 130], 16, ("fp8", "e4m3fn"), seed=3)
+    got, want = score_both(interpreted.indexer_score_triton, block_table, values, scales,
+                           ("fp8", "e4m3fn"), MIXED_ROWS, 4, 16, "cpu",
+                           config=IndexerScoreConfig(**PATH_CONFIGS[path], programs_per_sm=2))
+    assert_scores_close("scores", got, want)
+
+
+@pytest.mark.parametrize("extra", [0, 5], ids=lambda e: f"L_plus_{e}")
+def test_indexer_score_triton_interpreter_num_positions(interpreted, extra):
+    # The caller's L (host metadata, no device read): max(position) + 1, or wider (-inf there).
+    block_table, values, scales = build_cache([37, 130], 16, ("fp8", "e4m3fn"), seed=8)
+    rows = [(0, 36), (1, 129), (1, 40)]
+    got, want = score_both(interpreted.indexer_score_triton, block_table, values, scales,
+                           ("fp8", "e4m3fn"), rows, 4, 16, "cpu", num_positions=130 + extra)
+    assert got.shape == (3, 130 + extra)
+    assert torch.isinf(got[:, 130:]).all()
+    assert_scores_close("scores", got[:, :130], want)
+
+
+def test_indexer_score_triton_rejects_fp8_dot_of_mxfp4_keys(interpreted):
+    from atomk31.triton_kernels.indexer_score import IndexerScoreConfig
+
+    block_table, values, scales = build_cache([3], 16, ("mxfp4", "e4m3fn"), seed=6)
+    with pytest.raises(ValueError, match=r"needs e4m3fn fp8 keys, got mxfp4 torch.uint8"):
+        interpreted.indexer_score_triton(torch.zeros(1, 4, 128), torch.zeros(1, 4), values,
+                                         scales, "mxfp4", "e4m3fn", block_table,
+                                         torch.tensor([0]), torch.tensor([2]), 16,
+                                         config=IndexerScoreConfig(dot="fp8_acc32"))
+
+
 def test_indexer_score_triton_interpreter_no_rows(interpreted):
     block_table, values, scales = build_cache([3], 16, ("fp8", "e4m3fn"), seed=5)
     got, want = score_both(interpreted.indexer_score_triton, block_table, values, scales,
@@ -124,16 +167,32 @@ def test_indexer_score_triton_rejects_wrong_head_weights(interpreted):
                                          torch.tensor([0]), torch.tensor([2]), 16)
 
 
+# GPU configurations: the default (what the op runs) and each exact-enough product type on
+# its tiling ("fp8" without fp32 sums is outside the tolerance on Hopper: benchmarked only).
+GPU_CONFIGS = {
+    "default": None,
+    "bf16": dict(dot="bf16", num_stages=4),
+    "fp8_acc32": dict(dot="fp8_acc32", block_n=64, num_warps=8, num_stages=6),
+    "fp8_acc64": dict(dot="fp8_acc64", block_n=64, num_warps=8, num_stages=6),
+    "fp8_k_split4": dict(dot="fp8", k_split=4, block_n=64, num_warps=8, num_stages=6),
+}
+# 8 requests x 4 verification rows, contexts from 1 to past top-k and past a block edge.
+GPU_LENGTHS = [1, 128, 129, 2049, 3000, 5000, 9000, 12289]
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("config", GPU_CONFIGS)
 @pytest.mark.parametrize("key_format", [("fp8", "e4m3fn"), ("mxfp4", "e4m3fn")],
                          ids=lambda f: "keys_" + f[0])
-def test_indexer_score_triton_gpu_verification_rows(key_format):
-    from atomk31.triton_kernels.indexer_score import indexer_score_triton
+def test_indexer_score_triton_gpu_verification_rows(key_format, config):
+    from atomk31.triton_kernels.indexer_score import IndexerScoreConfig, indexer_score_triton
 
-    # 8 requests x 4 verification rows, contexts from 1 to past top-k and past a block edge.
-    lengths = [1, 128, 129, 2049, 3000, 5000, 9000, 12289]
-    block_table, values, scales = build_cache(lengths, 128, key_format, seed=9)
-    rows = [(r, max(0, n - 4 + j)) for r, n in enumerate(lengths) for j in range(4)]
+    options = GPU_CONFIGS[config]
+    if key_format[0] == "mxfp4" and options is not None and options["dot"] != "bf16":
+        pytest.skip("fp8 products are for fp8 keys")
+    block_table, values, scales = build_cache(GPU_LENGTHS, 128, key_format, seed=9)
+    rows = [(r, max(0, n - 4 + j)) for r, n in enumerate(GPU_LENGTHS) for j in range(4)]
     got, want = score_both(indexer_score_triton, block_table, values, scales, key_format,
-                           rows, 32, 128, "cuda")
+                           rows, 32, 128, "cuda", num_positions=GPU_LENGTHS[-1],
+                           config=IndexerScoreConfig(**options) if options else None)
     assert_scores_close("scores", got, want, atol_scale="batch")

@@ -16,6 +16,7 @@ from atomk31.triton_kernels.kda_conv import (
     conv_state_after_triton, short_conv_silu_triton,
 )
 from atomk31.triton_kernels.kda_prefill import kda_prefill_triton
+from atomk31.triton_kernels.kda_prefill_tuning import KdaPrefillTuning
 from assertions import assert_relative_close
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -39,18 +40,29 @@ def random_inputs(lengths, num_heads=2, head_dim=128, value_dim=128, seed=0, g_f
     return [x.to(DEVICE) for x in (q, k, v, g, beta, state, bounds)]
 
 
+# Output in the chunk-parallel stage 3 (the default) or fused into the sequential stage 2;
+# stage 1 with its right-hand score tiles recomputed (default) or kept in registers.
+SPLIT, FUSED = KdaPrefillTuning(), KdaPrefillTuning(split_output=False)
+CACHED = KdaPrefillTuning(intra_cache_right=True)
+TUNINGS = pytest.mark.parametrize("tuning", [SPLIT, FUSED, CACHED],
+                                  ids=["split", "fused", "cached"])
+
+
+@TUNINGS
 @pytest.mark.parametrize("lengths", [[1], [64], [70, 0, 1, 130]], ids=["T1", "T64", "varlen"])
-def test_kda_prefill_triton_matches_torch(lengths):
+def test_kda_prefill_triton_matches_torch(lengths, tuning):
     q, k, v, g, beta, state, bounds = random_inputs(lengths, seed=len(lengths))
     before = state.clone()
     expected = kda_prefill_torch(q, k, v, g, beta, state, bounds, 0.1)
-    o, final_state, snapshots = kda_prefill_triton(q, k, v, g, beta, state, bounds, 0.1)
+    o, final_state, snapshots = kda_prefill_triton(q, k, v, g, beta, state, bounds, 0.1,
+                                                   tuning=tuning)
     assert snapshots is None and torch.equal(state, before)
     assert_relative_close("o", o, expected[0], CPU_TOLERANCE)
     assert_relative_close("final_state", final_state, expected[1], CPU_TOLERANCE)
 
 
-def test_kda_prefill_triton_snapshots_cut_chunks():
+@TUNINGS
+def test_kda_prefill_triton_snapshots_cut_chunks(tuning):
     lengths = [150, 0, 5]
     q, k, v, g, beta, state, bounds = random_inputs(lengths, seed=8)
     # Inside a chunk (37, 100), on a chunk edge (64), at 0, at the end, repeated, unsorted.
@@ -58,20 +70,21 @@ def test_kda_prefill_triton_snapshots_cut_chunks():
                                 [0, 37]], device=DEVICE)
     expected = kda_prefill_torch(q, k, v, g, beta, state, bounds, 0.2, snapshot_at=snapshot_at)
     o, final_state, snapshots = kda_prefill_triton(q, k, v, g, beta, state, bounds, 0.2,
-                                                   snapshot_at=snapshot_at)
+                                                   snapshot_at=snapshot_at, tuning=tuning)
     assert_relative_close("o", o, expected[0], CPU_TOLERANCE)
     assert_relative_close("final_state", final_state, expected[1], CPU_TOLERANCE)
     assert_relative_close("snapshots", snapshots, expected[2], CPU_TOLERANCE)
     assert torch.equal(snapshots[3], state[1]) and torch.equal(snapshots[7], snapshots[1])
 
 
-def test_kda_prefill_triton_decay_at_the_floor_stays_finite():
+@pytest.mark.parametrize("tuning", [SPLIT, CACHED], ids=["split", "cached"])
+def test_kda_prefill_triton_decay_at_the_floor_stays_finite(tuning):
     # g = -5 for every token: Γ reaches -320 in a chunk, where exp(-Γ) alone overflows (§4.4).
     q, k, v, g, beta, state, bounds = random_inputs([100], seed=9)
     g = torch.full_like(g, -5.0)
     g[:, :, :8] = -1e-3                                   # a few slow channels keep o non-zero
     expected = kda_prefill_torch(q, k, v, g, beta, state, bounds, 0.1)
-    o, final_state, _ = kda_prefill_triton(q, k, v, g, beta, state, bounds, 0.1)
+    o, final_state, _ = kda_prefill_triton(q, k, v, g, beta, state, bounds, 0.1, tuning=tuning)
     assert torch.isfinite(o).all() and torch.isfinite(final_state).all()
     assert_relative_close("o", o, expected[0], CPU_TOLERANCE)
     assert_relative_close("final_state", final_state, expected[1], CPU_TOLERANCE)
@@ -126,8 +139,9 @@ def test_conv_state_after_triton_matches_torch():
 
 
 @pytest.mark.gpu
+@TUNINGS
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_kda_prefill_triton_real_shapes_gpu(dtype):
+def test_kda_prefill_triton_real_shapes_gpu(dtype, tuning):
     lengths = [3000, 1, 0, 1100]
     q, k, v, g, beta, state, bounds = random_inputs(lengths, num_heads=96, seed=14)
     q, k, v = (x.to(dtype) for x in (q, k, v))
@@ -135,7 +149,7 @@ def test_kda_prefill_triton_real_shapes_gpu(dtype):
     expected = kda_prefill_torch(q.float(), k.float(), v.float(), g, beta, state, bounds,
                                  128 ** -0.5, snapshot_at=snapshot_at)
     o, final_state, snapshots = kda_prefill_triton(q, k, v, g, beta, state, bounds, 128 ** -0.5,
-                                                   snapshot_at=snapshot_at)
+                                                   snapshot_at=snapshot_at, tuning=tuning)
     tolerance = GPU_TOLERANCE if dtype == torch.float32 else GPU_BF16_TOLERANCE
     assert_relative_close("o", o.float(), expected[0], tolerance)
     assert_relative_close("final_state", final_state, expected[1], tolerance)

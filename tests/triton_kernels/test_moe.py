@@ -1,7 +1,8 @@
-"""Triton MoE routing, expert sort and MXFP4 grouped GEMMs vs the torch ops.
+"""Triton MoE routing, expert sort, small-batch MXFP4 GEMVs and grouped GEMMs vs the torch ops.
 
-CPU: Triton's interpreter at small shapes (fp32 activations); GPU (``-m gpu``): the proxy's
-shapes (latent 3584, intermediate 3072, 64 experts, top-16) with BF16 activations.
+CPU: Triton's interpreter at small shapes (fp32 activations), the GEMVs both ways (FMA and
+tl.dot); GPU (``-m gpu``): the proxy's shapes (latent 3584, intermediate 3072, 64 experts,
+top-16) with BF16 activations, and fp32 activations held to 1e-5.
 """
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from atomk31.ops.moe import moe_experts_mxfp4_torch, moe_route_torch
 from atomk31.quant import quantize_mxfp4
+from atomk31.triton_kernels.moe_gemv import moe_experts_mxfp4_gemv_triton
 from atomk31.triton_kernels.moe_grouped_gemm import moe_experts_mxfp4_triton
 from atomk31.triton_kernels.moe_routing import moe_route_triton, sort_pairs_by_expert
 from assertions import assert_relative_close
@@ -57,15 +59,17 @@ def test_sort_pairs_by_expert_pads_each_expert_to_the_block():
 
 
 def expert_weights(num_experts, intermediate, latent, seed):
-    generator = torch.Generator().manual_seed(seed)
-    w13 = torch.randn(num_experts, 2 * intermediate, latent, generator=generator) * 0.05
-    w2 = torch.randn(num_experts, latent, intermediate, generator=generator) * 0.05
-    return [x.to(DEVICE) for x in (*quantize_mxfp4(w13), *quantize_mxfp4(w2))]
+    # Drawn and quantized on the test device: the proxy's 64 experts are 2 G values.
+    generator = torch.Generator(device=DEVICE).manual_seed(seed)
+    w13 = torch.randn(num_experts, 2 * intermediate, latent, generator=generator,
+                      device=DEVICE) * 0.05
+    w2 = torch.randn(num_experts, latent, intermediate, generator=generator, device=DEVICE) * 0.05
+    return [*quantize_mxfp4(w13), *quantize_mxfp4(w2)]
 
 
 @pytest.mark.parametrize("num_tokens,linear_beta", [(1, 25.0), (6, None)],
                          ids=["T1-capped", "T6-uncapped"])
-def test_moe_experts_mxfp4_triton_matches_torch(num_tokens, linear_beta):
+def test_moe_experts_mxfp4_triton_grouped_matches_torch(num_tokens, linear_beta):
     num_experts, top_k = 8, 3
     w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(num_experts, 128, 256, seed=2)
     x, router, bias = router_inputs(num_tokens, 256, num_experts, seed=3)
@@ -73,8 +77,53 @@ def test_moe_experts_mxfp4_triton_matches_torch(num_tokens, linear_beta):
     expected = moe_experts_mxfp4_torch(x, topk_weights, topk_ids, w13_packed, w13_scales,
                                        w2_packed, w2_scales, 4.0, linear_beta)
     u = moe_experts_mxfp4_triton(x, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed,
-                                 w2_scales, 4.0, linear_beta)
+                                 w2_scales, 4.0, linear_beta, small_batch=False)
     assert_relative_close("u", u, expected, 1e-5)
+
+
+@pytest.mark.parametrize("num_tokens,mode,linear_beta",
+                         [(1, "fma", 25.0), (3, "fma", None), (5, "dot", 25.0), (2, "dot", None),
+                          (1, "fma_words", None), (3, "fma_words", 25.0)],
+                         ids=["T1-fma-capped", "T3-fma-uncapped", "T5-dot-capped",
+                              "T2-dot-uncapped", "T1-fma_words-uncapped", "T3-fma_words-capped"])
+def test_moe_experts_mxfp4_gemv_matches_torch(num_tokens, mode, linear_beta):
+    # 8 experts, top-3: most experts get no token (their programs exit early).
+    num_experts, top_k = 8, 3
+    w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(num_experts, 128, 192, seed=9)
+    x, router, bias = router_inputs(num_tokens, 192, num_experts, seed=10)
+    topk_weights, topk_ids = moe_route_torch(x, router, bias, top_k, True, 1.0)
+    expected = moe_experts_mxfp4_torch(x, topk_weights, topk_ids, w13_packed, w13_scales,
+                                       w2_packed, w2_scales, 4.0, linear_beta)
+    u = moe_experts_mxfp4_gemv_triton(x, topk_weights, topk_ids, w13_packed, w13_scales,
+                                      w2_packed, w2_scales, 4.0, linear_beta, mode=mode,
+                                      block_n=32, block_k=64)
+    assert_relative_close("u", u, expected, 1e-5)
+
+
+def test_moe_experts_mxfp4_triton_small_batch_is_the_default_at_one_token():
+    w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(4, 128, 128, seed=11)
+    x, router, bias = router_inputs(1, 128, 4, seed=12)
+    topk_weights, topk_ids = moe_route_torch(x, router, bias, 2, True, 1.0)
+    expected = moe_experts_mxfp4_torch(x, topk_weights, topk_ids, w13_packed, w13_scales,
+                                       w2_packed, w2_scales, 4.0, 25.0)
+    u = moe_experts_mxfp4_triton(x, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed,
+                                 w2_scales, 4.0, 25.0)
+    assert_relative_close("u", u, expected, 1e-5)
+
+
+def test_moe_experts_mxfp4_gemv_rejects_large_batches_and_odd_blocks():
+    w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(2, 128, 128, seed=13)
+    ids = torch.zeros(65, 1, dtype=torch.int32, device=DEVICE)
+    z = torch.zeros(65, 128, device=DEVICE)
+    with pytest.raises(ValueError, match="at most 64 tokens, got 65"):
+        moe_experts_mxfp4_gemv_triton(z, ids.float(), ids, w13_packed, w13_scales, w2_packed,
+                                      w2_scales, 4.0, 25.0)
+    with pytest.raises(ValueError, match="must be multiples of block_n=96"):
+        moe_experts_mxfp4_gemv_triton(z[:1], ids[:1].float(), ids[:1], w13_packed, w13_scales,
+                                      w2_packed, w2_scales, 4.0, 25.0, block_n=96)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        moe_experts_mxfp4_gemv_triton(z[:1], ids[:1].float(), ids[:1], w13_packed, w13_scales,
+                                      w2_packed, w2_scales, 4.0, 25.0, mode="gemm")
 
 
 def test_moe_experts_mxfp4_triton_empty_batch_and_bad_weights():
@@ -89,10 +138,16 @@ def test_moe_experts_mxfp4_triton_empty_batch_and_bad_weights():
                                  w2_scales[:, :, :2], 4.0, 25.0)
 
 
+@pytest.fixture(scope="module")
+def proxy_weights():
+    """The proxy's experts (64, F 3072, Dl 3584) in MXFP4, built once for the GPU tests."""
+    return expert_weights(64, 3072, 3584, seed=5)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_tokens", [1, 16, 300], ids=lambda n: f"T{n}")
-def test_moe_experts_mxfp4_triton_proxy_shapes_gpu(num_tokens):
-    w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(64, 3072, 3584, seed=5)
+def test_moe_experts_mxfp4_triton_proxy_shapes_gpu(num_tokens, proxy_weights):
+    w13_packed, w13_scales, w2_packed, w2_scales = proxy_weights
     x, router, bias = router_inputs(num_tokens, 3584, 64, seed=6)
     topk_weights, topk_ids = moe_route_triton(x, router, bias, 16, True, 1.0)
     expected_w, expected_ids = moe_route_torch(x, router, bias, 16, True, 1.0)
@@ -107,13 +162,43 @@ def test_moe_experts_mxfp4_triton_proxy_shapes_gpu(num_tokens):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens,mode", [(1, "fma"), (1, "fma_words"), (4, "fma"),
+                                             (4, "dot"), (16, "dot"), (16, "dot_scaled"),
+                                             (64, "dot")], ids=lambda v: str(v))
+def test_moe_experts_mxfp4_gemv_proxy_shapes_gpu(num_tokens, mode, proxy_weights):
+    w13_packed, w13_scales, w2_packed, w2_scales = proxy_weights
+    x, router, bias = router_inputs(num_tokens, 3584, 64, seed=6)
+    topk_weights, topk_ids = moe_route_torch(x, router, bias, 16, True, 1.0)
+    # BF16 activations, then exact fp32 (dot_scaled takes BF16 only).
+    cases = [(x.bfloat16(), 1e-2)] + ([] if mode == "dot_scaled" else [(x, 1e-5)])
+    for z, tolerance in cases:
+        expected = moe_experts_mxfp4_torch(z, topk_weights, topk_ids, w13_packed, w13_scales,
+                                           w2_packed, w2_scales, 4.0, 25.0)
+        u = moe_experts_mxfp4_gemv_triton(z, topk_weights, topk_ids, w13_packed, w13_scales,
+                                          w2_packed, w2_scales, 4.0, 25.0, mode=mode)
+        assert_relative_close(f"u ({z.dtype})", u, expected, tolerance)
+
+
+@pytest.mark.gpu
+def test_moe_experts_mxfp4_triton_grouped_fp32_is_exact_gpu():
+    w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(16, 256, 512, seed=7)
+    x, router, bias = router_inputs(40, 512, 16, seed=8)
+    topk_weights, topk_ids = moe_route_torch(x, router, bias, 4, True, 1.0)
+    expected = moe_experts_mxfp4_torch(x, topk_weights, topk_ids, w13_packed, w13_scales,
+                                       w2_packed, w2_scales, 4.0, 25.0)
+    u = moe_experts_mxfp4_triton(x, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed,
+                                 w2_scales, 4.0, 25.0, small_batch=False)
+    assert_relative_close("u", u, expected, 1e-5)
+
+
+@pytest.mark.gpu
 def test_moe_experts_mxfp4_triton_dot_scaled_gpu():
     w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(16, 256, 512, seed=7)
     x, router, bias = router_inputs(20, 512, 16, seed=8)
     topk_weights, topk_ids = moe_route_torch(x, router, bias, 4, True, 1.0)
     z = x.bfloat16()
     expected = moe_experts_mxfp4_triton(z, topk_weights, topk_ids, w13_packed, w13_scales,
-                                        w2_packed, w2_scales, 4.0, 25.0)
+                                        w2_packed, w2_scales, 4.0, 25.0, small_batch=False)
     u = moe_experts_mxfp4_triton(z, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed,
                                  w2_scales, 4.0, 25.0, use_dot_scaled=True)
     assert_relative_close("u (dot_scaled)", u, expected, 1e-2)

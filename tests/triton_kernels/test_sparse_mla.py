@@ -64,6 +64,25 @@ def test_sparse_mla_triton_interpreter_matches_torch(interpreted, num_splits, la
     assert bool((got_out[-1] == 0).all()) and bool(torch.isneginf(got_lse[-1]).all())
 
 
+@pytest.mark.parametrize("scores_via_memory, prefetch_keys", [(True, False), (True, True),
+                                                             (False, True)],
+                         ids=["via-memory", "via-memory-prefetch", "prefetch"])
+@pytest.mark.parametrize("num_splits", [1, 3], ids=lambda s: f"splits{s}")
+def test_sparse_mla_triton_interpreter_variants_match_torch(interpreted, num_splits,
+                                                            scores_via_memory, prefetch_keys):
+    num_rows, num_heads, k, block_size = 4, 5, 37, 16
+    cache = make_latent_cache(6, block_size, torch.float8_e4m3fn, seed=k)
+    slots = make_slots(num_rows, k, 6 * block_size, 0.3, seed=1)
+    q = torch.randn(num_rows, num_heads, 576, generator=torch.Generator().manual_seed(2))
+    got_out, got_lse = interpreted.sparse_mla_triton(q, cache, LATENT_SCALE, slots,
+                                                     SOFTMAX_SCALE, num_splits=num_splits,
+                                                     scores_via_memory=scores_via_memory,
+                                                     prefetch_keys=prefetch_keys)
+    want_out, want_lse = sparse_mla_torch(q, cache, LATENT_SCALE, slots, SOFTMAX_SCALE)
+    assert_close("out", got_out, want_out, 1e-5, 1e-5)
+    assert_close("lse", got_lse, want_lse, 1e-5, 1e-5)
+
+
 def test_sparse_mla_triton_interpreter_single_slot_and_no_rows(interpreted):
     cache = make_latent_cache(2, 16, torch.bfloat16, seed=3)
     q = torch.randn(1, 2, 576, generator=torch.Generator().manual_seed(4))
@@ -104,3 +123,53 @@ def test_sparse_mla_triton_gpu_decode(num_rows, block_h):
     assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
     assert relative_error(got_out, want_out) < 1e-2
     assert relative_error(got_lse, want_lse) < 1e-3
+
+
+@pytest.mark.parametrize("num_programs, max_splits, want", [
+    (0, 8, 1), (128, 8, 1), (32, 8, 4), (96, 8, 4), (16, 2, 2), (200, 8, 3)])
+def test_fewest_splits_filling_waves_on_132_multiprocessors(num_programs, max_splits, want):
+    from atomk31.triton_kernels.sparse_mla import fewest_splits_filling_waves
+
+    assert fewest_splits_filling_waves(num_programs, 132, max_splits) == want
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_warps, num_stages, scores_via_memory",
+                         [(4, 1, False), (8, 1, False), (8, 3, False), (8, 1, True)],
+                         ids=["w4s1", "w8s1", "w8s3", "w8-via-memory-prefetch"])
+def test_sparse_mla_triton_gpu_tile_variants(num_warps, num_stages, scores_via_memory):
+    from atomk31.triton_kernels.sparse_mla import sparse_mla_triton
+
+    num_blocks, block_size, k = 40, 128, 2048
+    cache = make_latent_cache(num_blocks, block_size, torch.float8_e4m3fn, seed=5,
+                              device="cuda")
+    slots = make_slots(16, k, num_blocks * block_size, 0.05, seed=6).cuda()
+    q = torch.randn(16, 96, 576, generator=torch.Generator().manual_seed(7))
+    q = q.to(torch.bfloat16).cuda()
+    got_out, got_lse = sparse_mla_triton(q, cache, LATENT_SCALE, slots, SOFTMAX_SCALE,
+                                         num_warps=num_warps, num_stages=num_stages,
+                                         scores_via_memory=scores_via_memory,
+                                         prefetch_keys=scores_via_memory)
+    want_out, want_lse = sparse_mla_torch(q.float(), cache, LATENT_SCALE, slots, SOFTMAX_SCALE)
+    assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
+    assert relative_error(got_out, want_out) < 1e-2
+    assert relative_error(got_lse, want_lse) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_dtype, latent_dtype", [(torch.float32, torch.float32),
+                                                   (torch.float32, torch.float8_e4m3fn),
+                                                   (torch.bfloat16, torch.float32)],
+                         ids=["fp32-fp32", "fp32-fp8", "bf16-fp32"])
+def test_sparse_mla_triton_gpu_float32_is_exact(q_dtype, latent_dtype):
+    """A float32 side makes every product float32 (the engine's float32 mode)."""
+    from atomk31.triton_kernels.sparse_mla import sparse_mla_triton
+
+    num_blocks, block_size, k = 20, 64, 300
+    cache = make_latent_cache(num_blocks, block_size, latent_dtype, seed=8, device="cuda")
+    slots = make_slots(6, k, num_blocks * block_size, 0.2, seed=9).cuda()
+    q = torch.randn(6, 96, 576, generator=torch.Generator().manual_seed(10)).to(q_dtype).cuda()
+    got_out, got_lse = sparse_mla_triton(q, cache, LATENT_SCALE, slots, SOFTMAX_SCALE)
+    want_out, want_lse = sparse_mla_torch(q.float(), cache, LATENT_SCALE, slots, SOFTMAX_SCALE)
+    assert_close("out", got_out, want_out, 1e-4, 1e-5)
+    assert_close("lse", got_lse, want_lse, 1e-5, 1e-5)

@@ -41,28 +41,44 @@ def test_topk_triton_interpreter_matches_torch(interpreted, case):
     num_rows, length, k, levels, lengths = CASES[case]
     scores = make_scores(num_rows, length, levels, seed=len(case))
     lengths = torch.tensor(lengths, dtype=torch.int64)
-    # Three programs per row share each row's histograms.
+    # Three programs per row share each row's group maxima and candidate buffer.
     got = interpreted.topk_triton(scores, k, lengths, programs_per_row=3)
     assert got.dtype == torch.int32
     assert torch.equal(got, topk_positions_torch(scores, k, lengths))
 
 
-@pytest.mark.parametrize("levels", [0, 3], ids=["distinct", "ties"])
-def test_topk_triton_interpreter_groups_of_positions(interpreted, levels):
-    # At most 16 group maxima per row: groups of 32 positions, the last one partial.
-    scores = make_scores(3, 300, levels, seed=6)
-    lengths = torch.tensor([300, 250, 31])
-    got = interpreted.topk_triton(scores, 20, lengths, max_groups=16, programs_per_row=2)
+def test_topk_triton_interpreter_rising_scores(interpreted):
+    # Scores that grow with the position (recent keys score higher): the strided groups
+    # still give a tight threshold, and ties in runs of 3 cross the chunks of two programs.
+    scores = (torch.arange(600) // 3).float()[None].repeat(2, 1)
+    scores[1] = scores[1].flip(0)
+    lengths = torch.tensor([600, 451])
+    got = interpreted.topk_triton(scores, 50, lengths, programs_per_row=2)
+    assert torch.equal(got, topk_positions_torch(scores, 50, lengths))
+
+
+@pytest.mark.parametrize("capacity_factor", [1, 4], ids=["capacity1", "capacity4"])
+def test_topk_triton_interpreter_overflow_bisects_row(interpreted, capacity_factor):
+    # Every strided group (64 of them for k = 20) holds one key of each of its rounds, so the
+    # candidates >= T0 overflow the buffer with many distinct keys above T0: the finisher
+    # bisects the row for the cut, with ties (runs of 3 equal keys) at the cut.
+    position = torch.arange(700)
+    scores = ((position % 64) * 8 + (position // 64) // 3).float()[None].repeat(2, 1)
+    lengths = torch.tensor([700, 333])
+    got = interpreted.topk_triton(scores, 20, lengths, programs_per_row=3,
+                                  capacity_factor=capacity_factor)
     assert torch.equal(got, topk_positions_torch(scores, 20, lengths))
 
 
-def test_topk_triton_interpreter_candidate_overflow_rescans_row(interpreted):
-    # Hundreds of equal scores pass the threshold and 8 fit in the buffer: the finisher
-    # rescans the row for each bisection step instead.
-    scores = make_scores(2, 400, 1, seed=5)
-    lengths = torch.tensor([400, 333])
-    got = interpreted.topk_triton(scores, 5, lengths, candidate_capacity=8, programs_per_row=2)
-    assert torch.equal(got, topk_positions_torch(scores, 5, lengths))
+def test_topk_triton_interpreter_minus_inf_tail(interpreted):
+    # A prefill row early in the prompt: a few finite scores, then -inf up to the length;
+    # the -inf positions fill the rest of the k in position order.
+    scores = torch.full((2, 400), -torch.inf)
+    scores[0, :7] = torch.randn(7, generator=torch.Generator().manual_seed(3))
+    scores[1, 100:103] = 1.0
+    lengths = torch.tensor([400, 390])
+    got = interpreted.topk_triton(scores, 30, lengths, programs_per_row=2)
+    assert torch.equal(got, topk_positions_torch(scores, 30, lengths))
 
 
 def test_topk_triton_interpreter_writes_slots(interpreted):
@@ -89,15 +105,45 @@ def test_topk_triton_rejects_k_beyond_limit(interpreted):
         interpreted.topk_triton(torch.zeros(1, 5), 5000, torch.tensor([5]))
 
 
+def test_topk_triton_rejects_block_size_not_power_of_two(interpreted):
+    with pytest.raises(ValueError, match=r"block_size must be a power of two, got 96"):
+        interpreted.topk_triton(torch.zeros(1, 5), 2, torch.tensor([5]),
+                                torch.zeros(1, 1, dtype=torch.int32),
+                                torch.zeros(1, dtype=torch.int32), 96)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("length", [1, 2049, 131072, 1 << 20], ids=lambda n: f"L{n}")
+@pytest.mark.parametrize("length", [1, 2049, 5000, 131072, 1 << 20], ids=lambda n: f"L{n}")
 def test_topk_triton_gpu_matches_torch(length):
     from atomk31.triton_kernels.topk import topk_triton
 
-    # Mixed lengths in one batch: the full row, a row just over k, a short row, an empty row.
+    # Mixed lengths in one batch: the full row, a row just over k, a short row, an empty row;
+    # a long run of ties, scores rising with the position, all equal, a -inf tail.
     scores = make_scores(8, length, 0, seed=length, device="cuda")
-    scores[1, : length // 2] = scores[1, 0]  # a long run of ties
+    scores[1, : length // 2] = scores[1, 0]
+    scores[5] = torch.arange(length, device="cuda") // 4
+    scores[6] = 0.25
+    scores[7, 1000:] = -torch.inf
     lengths = torch.tensor([length, min(length, 2049), min(length, 100), 0, length, length,
                             max(0, length - 1), length], device="cuda")
     got = topk_triton(scores, 2048, lengths)
     assert torch.equal(got, topk_positions_torch(scores, 2048, lengths))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("length", [3000, 131072], ids=lambda n: f"L{n}")
+def test_topk_triton_gpu_writes_slots(length):
+    from atomk31.triton_kernels.topk import topk_triton
+
+    block_size, num_rows = 64, 8
+    scores = make_scores(num_rows, length, 0, seed=length + 1, device="cuda")
+    scores[3] = 1.0  # every candidate tied: the overflow rescan feeds the slot mapping too
+    lengths = torch.tensor([length, length - 1, 77, length, 0, 5, length, 2048], device="cuda")
+    num_blocks = -(-length // block_size)
+    block_table = torch.randperm(4 * num_blocks, device="cuda").view(4, num_blocks).int()
+    block_table[2, num_blocks // 2:] = -1
+    row_request = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3], dtype=torch.int32, device="cuda")
+    got = topk_triton(scores, 2048, lengths, block_table, row_request, block_size)
+    want = positions_to_slots_torch(topk_positions_torch(scores, 2048, lengths), block_table,
+                                    row_request, block_size)
+    assert torch.equal(got, want)

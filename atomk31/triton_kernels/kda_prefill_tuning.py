@@ -1,0 +1,19 @@
+"""Tuning knobs of the Triton KDA chunked prefill (kda_prefill.py), shared by its stages.
+
+The defaults are the launchers' choices; benchmarks pass other values to compare designs.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KdaPrefillTuning:
+    """None: the stage launcher's default for the inputs' dtype and the number of requests."""
+    intra_num_warps: int = 4            # stage 1, one program per (chunk, head)
+    intra_cache_right: bool = False     # stage 1: right-hand score tiles kept in registers
+    block_v: int | None = None          # stage 2: value channels per sequential program
+    num_warps: int = 4                  # stage 2
+    num_stages: int | None = None       # stage 2: software-pipelining depth of its loads
+    split_output: bool = True           # output in the chunk-parallel stage 3, not in stage 2
+    bf16_products: bool = True          # stages 2-3, BF16 intermediates only
+    output_block_v: int | None = None   # stage 3: value channels per program

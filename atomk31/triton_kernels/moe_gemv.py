@@ -1,0 +1,319 @@
+"""Routed experts from MXFP4 weights at small batch (decode): weight-streaming GEMVs (MODEL_SPEC
+§4.7, §3.3, §4.8).
+
+Contract: ``moe_experts_mxfp4`` of ``atomk31/ops/moe.py``, for T <= ``MAX_TOKENS``. At a few
+tokens the two grouped GEMMs are bound by reading each used expert's weights once, so the grid
+is (expert, N tile): every program streams BLOCK_N rows of one expert's weights and finds its
+expert's tokens itself from ``topk_ids`` (T * k ids, a few hundred bytes, cached). No sort of the
+(token, slot) pairs, no host sync: programs of unused experts exit after reading the ids.
+
+1. ``moe_gate_up_gemv_kernel``: gate and up rows of ``w13`` side by side, SiTU-GLU in the
+   epilogue, h rounded to z's dtype (§4.8) and stored at ``h[e, t]``.
+2. ``moe_down_gemv_kernel``: ``h[e, t] W2_e^T`` times the routing weight, added with fp32
+   atomics into ``u [T, Dl]`` (the weighted combine over the k experts of a token).
+
+Token rows are indexed by token (row t of program e is token t when t routes to e, else
+masked), so BLOCK_M >= T. Ways to multiply (``MODE``), chosen by the launcher:
+* "fma" (few tokens): unscaled E2M1 values times the activations, summed per 32-input group,
+  then times the group's E8M0 scale: per weight one decode and BLOCK_M FMAs.
+* "fma_words": the same reading the weights as int32 words of 8 nibbles, a cheaper decode.
+* "dot" (BLOCK_M >= 16, padded tokens): weights dequantized to z's dtype (exact in BF16).
+* "dot_scaled": tl.dot_scaled on the packed bytes (BF16 activations, GPU only).
+
+E2M1 codes are decoded through FP16 bits (moe_mxfp4_decode.py): a few integer ops, no tables.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from atomk31.triton_kernels.moe_mxfp4_decode import e2m1_times_2_pow_minus_14, e8m0_factor
+from atomk31.triton_kernels.runtime import runs_on_interpreter
+
+# The most tokens one program's rows hold (row t is token t): past it, the grouped GEMMs.
+MAX_TOKENS = 64
+# "fma_words" decodes E2M1 as fp32 E2M1 * 2^-126 (see _word_tile_product).
+E2M1_SUBNORMAL_SCALE = tl.constexpr(2.0 ** 126)
+MODES = ("fma", "fma_words", "dot", "dot_scaled")
+
+
+@triton.jit
+def _tanh(x):
+    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
+
+
+@triton.jit
+def _expert_tokens(ids_ptr, weights_ptr, expert, num_tokens,
+                   TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_TOP_K: tl.constexpr):
+    """For token rows 0..BLOCK_M-1: does the token route to `expert`, and with what weight."""
+    o_m, o_j = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_TOP_K)
+    m_ids = (o_m[:, None] < num_tokens) & (o_j[None, :] < TOP_K)
+    b_ids = tl.load(ids_ptr + o_m[:, None] * TOP_K + o_j[None, :], mask=m_ids, other=-1)
+    b_match = b_ids == expert
+    b_weights = tl.load(weights_ptr + o_m[:, None] * TOP_K + o_j[None, :], mask=b_match,
+                        other=0.0)
+    return tl.max(b_match.to(tl.int32), axis=1) > 0, tl.sum(b_weights, axis=1)
+
+
+@triton.jit
+def _byte_tile_product(b_a_even, b_a_odd, b_a, p_packed, p_scales, k0, acc,
+                       STRIDE_PACKED: tl.constexpr, STRIDE_SCALES: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MODE: tl.constexpr,
+                       DOT_FP32: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] + a[:, k0:k0+BLOCK_K] @ W[rows, k0:k0+BLOCK_K]^T, W as bytes.
+
+    "fma": b_a_even / b_a_odd are the activations of even / odd inputs as [BLOCK_M, G, 16]
+    fp32 (G = BLOCK_K / 32 groups), matching the low / high nibbles. "dot" / "dot_scaled": b_a
+    is [BLOCK_M, BLOCK_K]."""
+    GROUPS: tl.constexpr = BLOCK_K // 32
+    o_n = tl.arange(0, BLOCK_N)
+    o_kp = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    o_g = k0 // 32 + tl.arange(0, GROUPS)
+    b_bytes = tl.load(p_packed + o_n[:, None] * STRIDE_PACKED + o_kp[None, :])
+    b_scales = tl.load(p_scales + o_n[:, None] * STRIDE_SCALES + o_g[None, :])
+    if MODE == "dot_scaled":
+        # Native MX tensor cores where they exist; Triton's own upcast to BF16 on Hopper.
+        acc = tl.dot_scaled(b_a, None, "bf16", tl.trans(b_bytes), b_scales, "e2m1", acc)
+    else:
+        b_packed = b_bytes.to(tl.int32)
+        b_factor = e8m0_factor(b_scales)
+        b_low = e2m1_times_2_pow_minus_14(b_packed & 0xF)
+        b_high = e2m1_times_2_pow_minus_14(b_packed >> 4)
+        if MODE == "dot":
+            b_w = tl.reshape(tl.join(b_low, b_high), (BLOCK_N, GROUPS, 32))
+            b_w = tl.reshape(b_w * b_factor[:, :, None], (BLOCK_N, BLOCK_K))
+            if DOT_FP32:
+                acc = tl.dot(b_a.to(tl.float32), tl.trans(b_w), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(b_a, tl.trans(b_w.to(b_a.dtype)), acc)
+        else:
+            b_low = tl.reshape(b_low, (1, BLOCK_N, GROUPS, 16))
+            b_high = tl.reshape(b_high, (1, BLOCK_N, GROUPS, 16))
+            # Sum each 32-input group unscaled, then apply its scale once.
+            b_group = tl.sum(b_low * b_a_even[:, None, :, :] + b_high * b_a_odd[:, None, :, :],
+                             axis=3)
+            acc += tl.sum(b_group * b_factor[None, :, :], axis=2)
+    return acc
+
+
+@triton.jit
+def _word_tile_product(p_rows, m_m, p_words, p_scales, k0, acc,
+                       STRIDE_WORDS: tl.constexpr, STRIDE_SCALES: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """MODE "fma_words": as _byte_tile_product's "fma", W read as int32 words of 8 nibbles.
+
+    Nibble i of a word shifted to the top keeps its sign at bit 31; its 3 magnitude bits moved
+    to bits 22..24 make an fp32 equal to E2M1 * 2^-126 (0.5 a subnormal, exact: no
+    flush-to-zero in these kernels); times 2^126 it is the E2M1 value. 3 integer ops and one
+    multiply per weight, no conversions. The 8 nibble positions are a static loop, so every
+    thread keeps whole words and sums without shuffles until the end of the tile."""
+    GROUPS: tl.constexpr = BLOCK_K // 32
+    WORDS: tl.constexpr = BLOCK_K // 8
+    o_n = tl.arange(0, BLOCK_N)
+    o_w = tl.arange(0, WORDS)
+    o_g = k0 // 32 + tl.arange(0, GROUPS)
+    b_words = tl.load(p_words + o_n[:, None] * STRIDE_WORDS + (k0 // 8 + o_w)[None, :])
+    b_words = b_words.to(tl.uint32, bitcast=True)
+    b_part = tl.zeros([BLOCK_M, BLOCK_N, WORDS], dtype=tl.float32)
+    for i in tl.static_range(8):
+        b_top = b_words << (28 - 4 * i)
+        b_bits = (b_top & 0x80000000) | ((b_top >> 6) & 0x01C00000)
+        b_w = b_bits.to(tl.float32, bitcast=True) * E2M1_SUBNORMAL_SCALE
+        # Input 8 w + i of every word w.
+        b_a = tl.load(p_rows[:, None] + (k0 + 8 * o_w + i)[None, :], mask=m_m[:, None],
+                      other=0.0).to(tl.float32)
+        b_part += b_w[None, :, :] * b_a[:, None, :]
+    b_factor = e8m0_factor(tl.load(p_scales + o_n[:, None] * STRIDE_SCALES + o_g[None, :]))
+    b_factor = tl.reshape(tl.broadcast_to(b_factor[:, :, None], (BLOCK_N, GROUPS, 4)),
+                          (BLOCK_N, WORDS))
+    # e8m0_factor carries 2^14 for the FP16 decode; this decode needs none.
+    return acc + tl.sum(b_part * b_factor[None, :, :], axis=2) * (1.0 / 16384.0)
+
+
+@triton.jit
+def _tile_product(b_a_even, b_a_odd, b_a, p_rows, m_m, p_packed, p_scales, k0, acc,
+                  STRIDE_PACKED: tl.constexpr, STRIDE_SCALES: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  MODE: tl.constexpr, DOT_FP32: tl.constexpr):
+    if MODE == "fma_words":
+        acc = _word_tile_product(p_rows, m_m, p_packed, p_scales, k0, acc, STRIDE_PACKED,
+                                 STRIDE_SCALES, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        acc = _byte_tile_product(b_a_even, b_a_odd, b_a, p_packed, p_scales, k0, acc,
+                                 STRIDE_PACKED, STRIDE_SCALES, BLOCK_N, BLOCK_K, MODE, DOT_FP32)
+    return acc
+
+
+@triton.jit
+def _load_activations(p_rows, m_m, k0, BLOCK_K: tl.constexpr, MODE: tl.constexpr):
+    """Rows p_rows [BLOCK_M] (pointers to row starts) at inputs k0..k0+BLOCK_K, as (even, odd,
+    tile): for "fma" even / odd inputs as fp32 [BLOCK_M, G, 16] (tile = even); else the plain
+    [BLOCK_M, BLOCK_K] tile (even = odd = tile)."""
+    if MODE == "fma":
+        o_even = tl.reshape(k0 + 2 * tl.arange(0, BLOCK_K // 2), (1, BLOCK_K // 32, 16))
+        p_even = p_rows[:, None, None] + o_even
+        b_even = tl.load(p_even, mask=m_m[:, None, None], other=0.0).to(tl.float32)
+        b_odd = tl.load(p_even + 1, mask=m_m[:, None, None], other=0.0).to(tl.float32)
+        b_tile = b_even
+    else:
+        o_k = k0 + tl.arange(0, BLOCK_K)
+        b_tile = tl.load(p_rows[:, None] + o_k[None, :], mask=m_m[:, None], other=0.0)
+        b_even = b_tile
+        b_odd = b_tile
+    return b_even, b_odd, b_tile
+
+
+@triton.jit
+def moe_gate_up_gemv_kernel(
+    # pointers: z [T, Dl], topk ids/weights [T, k], w13 packed/scales [E, 2F, *], h [E, BM, F]
+    z_ptr, ids_ptr, weights_ptr, packed_ptr, scales_ptr, h_ptr,
+    # sizes and strides
+    num_tokens, stride_z,
+    # activation
+    beta, linear_beta,
+    # meta-parameters
+    F: tl.constexpr, DL: tl.constexpr, TOP_K: tl.constexpr, HAS_LINEAR_CAP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_TOP_K: tl.constexpr, PACKED_INPUTS: tl.constexpr, MODE: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    i_e, i_n = tl.program_id(0), tl.program_id(1)
+    m_m, _ = _expert_tokens(ids_ptr, weights_ptr, i_e, num_tokens, TOP_K, BLOCK_M, BLOCK_TOP_K)
+    if tl.max(m_m.to(tl.int32), axis=0) == 0:
+        return
+    o_m = tl.arange(0, BLOCK_M)
+    p_rows = z_ptr + o_m.to(tl.int64) * stride_z
+    STRIDE_PACKED: tl.constexpr = DL // PACKED_INPUTS
+    STRIDE_SCALES: tl.constexpr = DL // 32
+    row0 = i_e.to(tl.int64) * 2 * F + i_n * BLOCK_N
+    p_gate_packed = packed_ptr + row0 * STRIDE_PACKED
+    p_gate_scales = scales_ptr + row0 * STRIDE_SCALES
+    p_up_packed = p_gate_packed + F * STRIDE_PACKED
+    p_up_scales = p_gate_scales + F * STRIDE_SCALES
+    b_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    b_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, DL, BLOCK_K):
+        b_even, b_odd, b_a = _load_activations(p_rows, m_m, k0, BLOCK_K, MODE)
+        b_gate = _tile_product(b_even, b_odd, b_a, p_rows, m_m, p_gate_packed, p_gate_scales,
+                               k0, b_gate, STRIDE_PACKED, STRIDE_SCALES, BLOCK_M, BLOCK_N,
+                               BLOCK_K, MODE, DOT_FP32)
+        b_up = _tile_product(b_even, b_odd, b_a, p_rows, m_m, p_up_packed, p_up_scales, k0,
+                             b_up, STRIDE_PACKED, STRIDE_SCALES, BLOCK_M, BLOCK_N, BLOCK_K,
+                             MODE, DOT_FP32)
+    # SiTU-GLU (§4.8): SiLU with the gate soft-capped at ±beta, up capped at ±linear_beta.
+    b_h = beta * _tanh(b_gate / beta) * tl.sigmoid(b_gate)
+    if HAS_LINEAR_CAP:
+        b_up = linear_beta * _tanh(b_up / linear_beta)
+    b_h = b_h * b_up
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    p_h = h_ptr + (i_e.to(tl.int64) * BLOCK_M + o_m[:, None]) * F + o_n[None, :]
+    tl.store(p_h, b_h.to(h_ptr.dtype.element_ty), mask=m_m[:, None])
+
+
+@triton.jit
+def moe_down_gemv_kernel(
+    # pointers: h [E, BM, F], topk ids/weights [T, k], w2 packed/scales [E, Dl, *], u [T, Dl]
+    h_ptr, ids_ptr, weights_ptr, packed_ptr, scales_ptr, u_ptr,
+    # sizes
+    num_tokens,
+    # meta-parameters
+    F: tl.constexpr, DL: tl.constexpr, TOP_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_TOP_K: tl.constexpr, PACKED_INPUTS: tl.constexpr, MODE: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    i_e, i_n = tl.program_id(0), tl.program_id(1)
+    m_m, b_weight = _expert_tokens(ids_ptr, weights_ptr, i_e, num_tokens, TOP_K, BLOCK_M,
+                                   BLOCK_TOP_K)
+    if tl.max(m_m.to(tl.int32), axis=0) == 0:
+        return
+    o_m = tl.arange(0, BLOCK_M)
+    p_rows = h_ptr + (i_e.to(tl.int64) * BLOCK_M + o_m) * F
+    STRIDE_PACKED: tl.constexpr = F // PACKED_INPUTS
+    STRIDE_SCALES: tl.constexpr = F // 32
+    row0 = i_e.to(tl.int64) * DL + i_n * BLOCK_N
+    p_packed = packed_ptr + row0 * STRIDE_PACKED
+    p_scales = scales_ptr + row0 * STRIDE_SCALES
+    b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, F, BLOCK_K):
+        b_even, b_odd, b_a = _load_activations(p_rows, m_m, k0, BLOCK_K, MODE)
+        b_acc = _tile_product(b_even, b_odd, b_a, p_rows, m_m, p_packed, p_scales, k0, b_acc,
+                              STRIDE_PACKED, STRIDE_SCALES, BLOCK_M, BLOCK_N, BLOCK_K, MODE,
+                              DOT_FP32)
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.atomic_add(u_ptr + o_m.to(tl.int64)[:, None] * DL + o_n[None, :],
+                  b_acc * b_weight[:, None], mask=m_m[:, None], sem="relaxed")
+
+
+def moe_experts_mxfp4_gemv_triton(
+    z: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13_packed: torch.Tensor,
+    w13_scales: torch.Tensor,
+    w2_packed: torch.Tensor,
+    w2_scales: torch.Tensor,
+    beta: float,
+    linear_beta: float | None,
+    mode: str | None = None,
+    block_n: int = 32,
+    block_k: int = 128,
+    num_warps: int = 4,
+    num_stages: int = 3,
+) -> torch.Tensor:
+    """Small-batch path; arguments as ``moe_experts_mxfp4_triton`` (shapes checked there).
+
+    mode: one of MODES (None: "fma" up to 4 tokens, "dot" above); "dot_scaled" needs BF16
+    activations on a GPU. block_n / block_k / num_warps / num_stages are tuning knobs for
+    benchmarks (block_k a power of two >= 32 dividing Dl and F)."""
+    num_experts, two_f, half_latent = w13_packed.shape
+    latent_size, intermediate_size = 2 * half_latent, two_f // 2
+    num_tokens, top_k = topk_ids.shape
+    if num_tokens > MAX_TOKENS:
+        raise ValueError(f"moe_experts_mxfp4 (gemv): at most {MAX_TOKENS} tokens, got "
+                         f"{num_tokens}; use the grouped GEMMs")
+    if mode is None:
+        mode = "fma" if num_tokens <= 4 else "dot"
+    if mode not in MODES:
+        raise ValueError(f"moe_experts_mxfp4 (gemv): mode must be one of {MODES}, got {mode!r}")
+    if latent_size % block_n or latent_size % block_k or intermediate_size % block_n or \
+            intermediate_size % block_k:
+        raise ValueError(f"moe_experts_mxfp4 (gemv): Dl={latent_size} and F={intermediate_size} "
+                         f"must be multiples of block_n={block_n} and block_k={block_k}")
+    on_interpreter = runs_on_interpreter(moe_gate_up_gemv_kernel)
+    if mode == "dot_scaled" and (on_interpreter or z.dtype != torch.bfloat16):
+        raise ValueError("moe_experts_mxfp4 (gemv): mode 'dot_scaled' needs BF16 activations on "
+                         f"a GPU, got {z.dtype}{' on the interpreter' if on_interpreter else ''}")
+    u = torch.zeros((num_tokens, latent_size), dtype=torch.float32, device=z.device)
+    if num_tokens == 0:
+        return u
+    block_m = triton.next_power_of_2(num_tokens)
+    if mode.startswith("dot"):
+        block_m = max(block_m, 16)                        # the smallest tensor-core M
+    packed_inputs = 2
+    if mode == "fma_words":
+        # 8 nibbles per int32 word (rows are multiples of 128 inputs: whole words).
+        w13_packed, w2_packed, packed_inputs = (w13_packed.view(torch.int32),
+                                                w2_packed.view(torch.int32), 8)
+    if z.stride(1) != 1:
+        z = z.contiguous()
+    ids = topk_ids.to(torch.int32).contiguous()
+    weights = topk_weights.float().contiguous()
+    # Row t of expert e's block is token t; only the rows of tokens routed to e are written.
+    hidden = torch.empty((num_experts, block_m, intermediate_size), dtype=z.dtype,
+                         device=z.device)
+    # fp32 activations: exact fp32 products (no TF32) on the GPU as on the interpreter.
+    meta = dict(F=intermediate_size, DL=latent_size, TOP_K=top_k, BLOCK_M=block_m,
+                BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_TOP_K=triton.next_power_of_2(top_k),
+                PACKED_INPUTS=packed_inputs, MODE=mode,
+                DOT_FP32=on_interpreter or z.dtype == torch.float32,
+                num_warps=num_warps, num_stages=num_stages)
+    moe_gate_up_gemv_kernel[(num_experts, intermediate_size // block_n)](
+        z, ids, weights, w13_packed, w13_scales, hidden, num_tokens, z.stride(0),
+        beta, 1.0 if linear_beta is None else linear_beta,
+        HAS_LINEAR_CAP=linear_beta is not None, **meta,
+    )
+    moe_down_gemv_kernel[(num_experts, latent_size // block_n)](
+        hidden, ids, weights, w2_packed, w2_scales, u, num_tokens, **meta,
+    )
+    return u
