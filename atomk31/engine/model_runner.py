@@ -6,6 +6,7 @@ tensors and the sampler. It knows sequences only through what the scheduler hand
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -90,4 +91,5 @@ class ModelRunner:
             block_size=bs,
             max_position=max(positions),
             is_decode_only=all(item.num_new_tokens == 1 for item in scheduled),
+            rows_per_request=math.gcd(*(item.num_new_tokens for item in scheduled)),
         )

@@ -30,6 +30,10 @@ class ForwardBatch:
     block_size: int
     max_position: int                # max(positions), known on the host (no device sync)
     is_decode_only: bool             # every request has exactly one new token
+    # gcd of the requests' new-token counts (host side): rows come in runs of a multiple of
+    # this per request, so attention may give that many rows of one request to one program
+    # (4 verification rows share their keys); 1 when nothing is known
+    rows_per_request: int = 1
 
     @property
     def num_requests(self) -> int:

@@ -80,7 +80,9 @@ class MLAMixer:
         if self.index_topk is None or batch.max_position + 1 <= self.index_topk:
             o_latent, _ = ops.dense_mla(q_abs, cache.latent, cache.latent_scale,
                                         batch.block_tables, batch.token_request, batch.positions,
-                                        batch.block_size, self.softmax_scale)
+                                        batch.block_size, self.softmax_scale,
+                                        max_position=batch.max_position,
+                                        rows_per_request=batch.rows_per_request)
         else:
             slots = self._select(x, cq, batch, cache)
             o_latent, _ = ops.sparse_mla(q_abs, cache.latent, cache.latent_scale, slots,

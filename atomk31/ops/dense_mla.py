@@ -12,6 +12,13 @@ Inputs:
                  request (decode, verification rows with consecutive positions, prefill).
   block_size     power of two.
   softmax_scale  float: 1/sqrt(192) for K3.1.
+  max_position   optional int, keyword: at least max(row_position), known on the host (the
+                 engine's ForwardBatch.max_position); lets the Triton path size its key
+                 splits without reading the device. Ignored by the torch path.
+  rows_per_request optional int, keyword: the rows come in runs of this many consecutive
+                 rows per request (1 for decode, the verification width for speculative
+                 rows; the last run may be short); lets the Triton path read a request's keys
+                 once for several rows. Ignored by the torch path.
 Outputs: out [Nq, H, 512] fp32 and lse [Nq, H] fp32, defined exactly as `sparse_mla` with
   slots = every causal slot 0..p of the row's request.
 Accumulation: fp32. Tests: equal to `sparse_mla` with full causal selection and to a naive
@@ -38,8 +45,12 @@ def dense_mla_torch(
     row_position: torch.Tensor,
     block_size: int,
     softmax_scale: float,
+    *,
+    max_position: int | None = None,
+    rows_per_request: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal attention of each row over its request's keys: (out [Nq, H, 512], lse [Nq, H])."""
+    """Causal attention of each row over its request's keys: (out [Nq, H, 512], lse [Nq, H]).
+    The host-side hints max_position and rows_per_request are for the Triton path."""
     check_latent_cache(latent_cache, latent_scale)
     check_paged_rows(block_table, row_request, row_position, block_size)
     if latent_cache.shape[1] != block_size:
@@ -81,6 +92,9 @@ def dense_mla_triton(
     row_position: torch.Tensor,
     block_size: int,
     softmax_scale: float,
+    *,
+    max_position: int | None = None,
+    rows_per_request: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`dense_mla` in Triton (atomk31/triton_kernels/dense_mla.py): split-KV flash decoding
     with bf16 tensor-core products for bf16 queries over a bf16 / fp8 latent (within ~1e-2
@@ -89,7 +103,8 @@ def dense_mla_triton(
 
     check_latent_cache(latent_cache, latent_scale)
     return launch(q, latent_cache, latent_scale, block_table, row_request, row_position,
-                  block_size, softmax_scale)
+                  block_size, softmax_scale, max_position=max_position,
+                  rows_per_request=rows_per_request)
 
 
 register("dense_mla", "torch", dense_mla_torch)

@@ -16,14 +16,20 @@ Contracts (M = tokens, K = in features, N = out features):
   then ``ptpc_linear_quantized``. ``w_fp8``/``w_scale`` come from
   ``atomk31.quant.ptpc.quantize_weight_ptpc`` (one scale per output channel).
 
-Tests: torch implementations against float64 formulas; Triton within 1e-5 relative (fp32
-summation order) of the torch implementation on the same quantized inputs.
+Tests: torch implementations against float64 formulas (the quantizer bit-exact: its scale
+and ``x / scale`` are correctly rounded fp32 quotients on every device). The Triton quantizer
+equals the torch one bit for bit. The Triton GEMM is within 1e-6 relative of the torch op under
+the interpreter (fp32 products); on GPUs the FP8 tensor cores sum with reduced precision
+(Hopper's wgmma keeps ~14 bits of its running sum, promoted into fp32 every 128 K elements), so
+the GPU tests bound its error relative to torch._scaled_mm's on the same inputs (at most
+1.25x that, plus 1e-5), or by a fixed 3e-4 where _scaled_mm is missing
+(tests/triton_kernels/test_ptpc_fp8.py).
 """
 
 import torch
 
 from atomk31.ops.registry import register
-from atomk31.quant.fp8 import PER_ROW_MIN_AMAX
+from atomk31.quant.fp8 import PER_ROW_MIN_AMAX, divide_exactly
 
 
 def linear_torch(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -44,7 +50,8 @@ def ptpc_quantize_torch(
     fmax = torch.finfo(fp8_dtype).max
     xf = x.float()
     amax = xf.abs().amax(dim=-1) if x.shape[-1] else torch.zeros(x.shape[:-1], device=x.device)
-    scale = amax.clamp_min(PER_ROW_MIN_AMAX) / fmax
+    # divide_exactly: CUDA's division by a host scalar is off by an ulp for some amax
+    scale = divide_exactly(amax.clamp_min(PER_ROW_MIN_AMAX), fmax)
     return (xf / scale[..., None]).clamp(-fmax, fmax).to(fp8_dtype), scale
 
 

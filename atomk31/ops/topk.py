@@ -162,7 +162,7 @@ def topk_slots_torch(
 
 
 def topk_positions_triton(scores: torch.Tensor, k: int, lengths: torch.Tensor) -> torch.Tensor:
-    """`topk_positions` as a Triton radix select (atomk31/triton_kernels/topk.py); exact."""
+    """`topk_positions` as a Triton threshold select (atomk31/triton_kernels/topk.py); exact."""
     from atomk31.triton_kernels.topk import topk_triton
 
     return topk_triton(scores, k, lengths)
@@ -176,7 +176,7 @@ def topk_slots_triton(
     row_request: torch.Tensor,
     block_size: int,
 ) -> torch.Tensor:
-    """`topk_slots` fused: the radix select writes cache slots directly; exact."""
+    """`topk_slots` fused: the select's last stage writes cache slots directly; exact."""
     from atomk31.triton_kernels.topk import topk_triton
 
     return topk_triton(scores, k, lengths, block_table, row_request, block_size)

@@ -42,9 +42,21 @@ def fp8_dtype(variant: str) -> torch.dtype:
     return _FP8_DTYPES[variant]
 
 
+def divide_exactly(x: torch.Tensor, divisor: torch.Tensor | float) -> torch.Tensor:
+    """``x / divisor`` correctly rounded on every device.
+
+    PyTorch's CUDA kernels turn a division by a host scalar (a Python float or a CPU 0-dim
+    tensor) into a multiplication by its rounded reciprocal, which is one ulp off for some
+    inputs (seen on the H200, 2026-11-29: scales of a few rows per thousand, then their FP8
+    codes). A divisor on x's device keeps the true division."""
+    if not isinstance(divisor, torch.Tensor) or divisor.device != x.device:
+        divisor = torch.as_tensor(divisor, dtype=torch.float32).to(x.device)
+    return x / divisor
+
+
 def fp8_scale(amax: torch.Tensor, variant: str, min_amax: float) -> torch.Tensor:
     """``s = max(amax, min_amax) / max`` (float32, same shape as ``amax``)."""
-    return amax.float().clamp_min(min_amax) / fp8_max(variant)
+    return divide_exactly(amax.float().clamp_min(min_amax), fp8_max(variant))
 
 
 def quantize_fp8(
@@ -63,7 +75,7 @@ def quantize_fp8(
         -0.0 stays -0.0 in e4m3fn and becomes +0 in e4m3fnuz (which has no -0).
     """
     fmax = fp8_max(variant)
-    scaled = x.float() / scale
+    scaled = divide_exactly(x.float(), scale)
     return scaled.clamp(-fmax, fmax).to(_FP8_DTYPES[variant])
 
 

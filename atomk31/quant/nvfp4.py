@@ -16,7 +16,7 @@ import math
 import torch
 
 from atomk31.quant.e2m1 import E2M1_MAX, decode_e2m1, encode_e2m1, pack_e2m1, unpack_e2m1
-from atomk31.quant.fp8 import quantize_fp8
+from atomk31.quant.fp8 import divide_exactly, quantize_fp8
 
 NVFP4_BLOCK_SIZE: int = 16
 
@@ -44,7 +44,7 @@ def quantize_nvfp4(
     blocks = x.float().reshape(*x.shape[:-1], n // NVFP4_BLOCK_SIZE, NVFP4_BLOCK_SIZE)
     amax = blocks.abs().amax(dim=-1)
     # Round amax / (6 s_g) straight to e4m3 (RNE, saturating): scale 1 inside quantize_fp8.
-    block_scales = quantize_fp8(amax / (E2M1_MAX * global_scale), 1.0, "e4m3fn")
+    block_scales = quantize_fp8(divide_exactly(amax, E2M1_MAX * global_scale), 1.0, "e4m3fn")
     denominator = (block_scales.float() * global_scale).unsqueeze(-1)
     # blocks * 0.0 is a zero carrying each value's sign, for blocks whose s_b rounded to 0.
     scaled = torch.where(denominator > 0, blocks / denominator, blocks * 0.0)

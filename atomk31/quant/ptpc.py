@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from atomk31.quant.fp8 import FP8_VARIANTS, fp8_dtype, fp8_max
+from atomk31.quant.fp8 import FP8_VARIANTS, divide_exactly, fp8_dtype, fp8_max
 
 PTPC_SCHEME = "ptpc_fp8"
 MIN_WEIGHT_AMAX = 1e-12
@@ -113,7 +113,7 @@ def quantize_weight_ptpc(
                          f"{variant!r}")
     fmax = fp8_max(variant)
     w = weight.float()
-    scale = w.abs().amax(dim=1).clamp_min(MIN_WEIGHT_AMAX) / fmax
+    scale = divide_exactly(w.abs().amax(dim=1).clamp_min(MIN_WEIGHT_AMAX), fmax)
     return (w / scale[:, None]).clamp(-fmax, fmax).to(fp8_dtype(variant)), scale
 
 

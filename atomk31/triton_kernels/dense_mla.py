@@ -12,6 +12,11 @@ then merges the splits by their log-sum-exp. When consecutive rows share a reque
 read once and the 96 heads tile 64 query vectors exactly (16 heads x 4 rows) instead of
 being padded to 128, with a causal mask per row.
 
+No host sync: the caller passes what the host knows (`max_position`, `rows_per_request`,
+from the engine's ForwardBatch); without max_position the key range is bounded by the block
+table's width (programs past a request's last position find no key and weigh 0 in the
+merge), and without rows_per_request each program takes one row.
+
 Roofline: with an FP8 latent and 96 heads one row does 2 * 96 * (576 + 512) / 576 = 363
 FLOP per byte read, above the H200's bf16 ridge (~180), so decode is bound by the matrix
 rate, not by the copy bandwidth; the benchmark reports both fractions.
@@ -22,9 +27,8 @@ import torch
 from atomk31.triton_kernels.sparse_mla import (
     LATENT_DIM,
     check_latent_cache_layout,
-    choose_tiles,
+    choose_mla_tiles,
     launch_mla,
-    product_dtype,
 )
 
 GROUPABLE_ROWS = (4, 2)  # rows per program tried, largest first
@@ -39,22 +43,27 @@ def dense_mla_triton(
     row_position: torch.Tensor,
     block_size: int,
     softmax_scale: float,
+    max_position: int | None = None,
+    rows_per_request: int | None = None,
     num_splits: int | None = None,
     block_h: int | None = None,
     rows_per_program: int | None = None,
     block_n: int | None = None,
     num_stages: int | None = None,
     num_warps: int | None = None,
-    scores_via_memory: bool = False,
-    prefetch_keys: bool = False,
+    scores_via_memory: bool | None = None,
+    value_splits: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal attention of each row over its request's keys: (out [Nq, H, 512], lse [Nq, H]).
 
     q [Nq, H, 576], latent_cache [num_blocks, block_size, 576] (contiguous last dim),
     block_table [N, max_blocks] int32, row_request [Nq], row_position [Nq]. Every position
-    0..p of a row must have a block. `rows_per_program` (None: 4 or 2 when every group of
-    that many consecutive rows shares a request, else 1) and the other knobs tune it (see
-    sparse_mla_triton).
+    0..p of a row must have a block. Host-side hints (no device read): `max_position`, at
+    least max(row_position) (None: the block table's width bounds it); `rows_per_request`,
+    when the rows come in runs of that many consecutive rows per request (the last run may
+    be short): then 4 or 2 rows share a program. `rows_per_program` (1, 2 or 4; checked
+    against row_request on the device, a sync: for tests and benchmarks) overrides that
+    choice; the other knobs tune it (see sparse_mla_triton).
     """
     check_latent_cache_layout(latent_cache)
     if latent_cache.shape[1] != block_size:
@@ -70,35 +79,30 @@ def dense_mla_triton(
     if q.dim() != 3 or q.shape[0] != num_rows or q.shape[2] != LATENT_DIM:
         raise ValueError(f"q must be [Nq={num_rows}, H, {LATENT_DIM}] absorbed queries, got "
                          f"{list(q.shape)}")
-    if num_rows == 0:
-        tiles = choose_tiles(q, product_dtype(q, latent_cache), 0, 0, 1, 1, block_h, block_n,
-                             num_warps, num_stages)
-        return launch_mla(q, latent_cache, latent_scale, softmax_scale, None, block_table,
-                          row_request, row_position, 0, tiles)
-    # One host read for both: the longest causal range and which row groups share a request.
-    max_position, *groups_share = torch.stack(
-        [row_position.max().to(torch.int64)]
-        + [_groups_share_request(row_request, rows) for rows in GROUPABLE_ROWS]).tolist()
     if rows_per_program is None:
-        rows_per_program = next((rows for rows, ok in zip(GROUPABLE_ROWS, groups_share) if ok),
+        rows_per_program = next((rows for rows in GROUPABLE_ROWS
+                                 if rows_per_request is not None and rows_per_request % rows == 0),
                                 1)
     elif rows_per_program not in (1, *GROUPABLE_ROWS):
         raise ValueError(f"rows_per_program must be 1, 2 or 4, got {rows_per_program}")
-    elif rows_per_program > 1 and not groups_share[GROUPABLE_ROWS.index(rows_per_program)]:
+    elif rows_per_program > 1 and num_rows > 0 \
+            and not _groups_share_request(row_request, rows_per_program):
         raise ValueError(f"rows_per_program={rows_per_program} needs every {rows_per_program} "
                          "consecutive rows to share a request; pass None to choose")
-    num_groups = -(-num_rows // rows_per_program)
-    tiles = choose_tiles(q, product_dtype(q, latent_cache), num_groups, max_position + 1,
-                         rows_per_program, num_splits, block_h, block_n, num_warps, num_stages,
-                         scores_via_memory, prefetch_keys)
+    max_keys = block_table.shape[1] * block_size if max_position is None else max_position + 1
+    max_keys = 0 if num_rows == 0 else max_keys
+    tiles = choose_mla_tiles(q, latent_cache, -(-num_rows // rows_per_program), max_keys,
+                             rows_per_program, num_splits=num_splits, block_h=block_h,
+                             block_n=block_n, num_warps=num_warps, num_stages=num_stages,
+                             scores_via_memory=scores_via_memory, value_splits=value_splits)
     return launch_mla(q, latent_cache, latent_scale, softmax_scale, None, block_table,
-                      row_request, row_position, max_position + 1, tiles)
+                      row_request, row_position, max_keys, tiles)
 
 
-def _groups_share_request(row_request: torch.Tensor, rows: int) -> torch.Tensor:
-    """0-dim int64 tensor: 1 when each group of `rows` consecutive rows (the last one may be
-    short) has a single request, else 0."""
+def _groups_share_request(row_request: torch.Tensor, rows: int) -> bool:
+    """Whether each group of `rows` consecutive rows (the last one may be short) has a single
+    request (reads the device)."""
     num_rows = row_request.shape[0]
     padding = -num_rows % rows
     padded = torch.cat([row_request, row_request[-1:].expand(padding)]).view(-1, rows)
-    return (padded == padded[:, :1]).all().to(torch.int64)
+    return bool((padded == padded[:, :1]).all())

@@ -19,12 +19,14 @@ come after, since relu(s_q s_k x) = s_q s_k relu(x) for positive scales:
 score = s_k * sum_h (w_h s_q,h) relu(q_codes · k_codes). In bf16 (e4m3 values are bf16
 values) the products are exact and accumulate in fp32; on the fp8 tensor cores Hopper
 accumulates with ~14 bits, so "fp8_acc32" adds the partial sums into fp32 registers every 32
-products (or K_SPLIT 4: four products of K = 32 summed in fp32). MXFP4: every dequantized
-value (E2M1 value x 2^e) is exact in bf16, so one bf16 product of the dequantized values.
-Under the interpreter the products run in fp32 (its bf16 dot is wrong).
+products (or K_SPLIT 4: four products of K = 32 summed in fp32); even so its error is 4x the
+op's tolerance on the H200, so the fp8 products are opt-in only and the bf16 ones the default.
+The keys' bf16 operand comes from the fp8 -> bf16 conversion, or (KEY_CONVERT) from the bytes'
+bits: the code x 2^-120, the queries carrying 2^119 and the weights 2 (powers of two: exact).
+MXFP4: every dequantized value (E2M1 value x 2^e) is exact in bf16, so one bf16 product of
+the dequantized values. Under the interpreter the products run in fp32 (its bf16 dot is
+wrong).
 """
-
-from dataclasses import replace
 
 import torch
 import triton
@@ -33,8 +35,10 @@ import triton.language as tl
 from atomk31.triton_kernels.indexer_score_config import (
     DOTS,
     FP8_ACC_INTERVALS,
+    KEY_CONVERTS,
     IndexerScoreConfig,
     default_config,
+    fp8_dot_config,
 )
 from atomk31.triton_kernels.kv_write import (
     FP8_INDEX_AMAX_FLOOR,
@@ -64,6 +68,51 @@ def mxfp4_dequantize_keys(b_packed, b_scale_bytes, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def e4m3fn_bits_as_float(codes, DTYPE: tl.constexpr):
+    """e4m3fn bytes (uint8) -> DTYPE (bf16 or fp32) values equal to the e4m3 value x 2^-120,
+    exactly.
+
+    The 7 exponent-mantissa bits move under DTYPE's exponent field (bf16: shift 4), the sign
+    to the top bit: a normal code 2^(e-7)(1 + m/8) reads as 2^(e-127)(1 + m/8), a subnormal
+    m 2^-9 as the subnormal m 2^-129. Two shifts, two masks and an or, no conversion
+    instruction. NaN codes (0x7F, 0xFF) become finite: the cache holds none (saturating
+    quantizer). fp32 is for the interpreter, whose bf16 -> fp32 loses bf16 subnormals."""
+    if DTYPE == tl.float32:
+        wide = codes.to(tl.uint32)
+        return (((wide & 0x7F) << 20) | ((wide & 0x80) << 24)).to(tl.float32, bitcast=True)
+    else:
+        wide = codes.to(tl.uint16)
+        return (((wide & 0x7F) << 4) | ((wide & 0x80) << 8)).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def e4m3fn_words_as_float(words, DTYPE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[BLOCK_N, 32] int32 words of 4 e4m3fn bytes -> [BLOCK_N, 128] DTYPE, the e4m3 values
+    x 2^-120 in byte order (`e4m3fn_bits_as_float` on 4 bytes at once: 5 integer operations
+    per word, 2 bf16 values per 32-bit result)."""
+    words = words.to(tl.uint32, bitcast=True)
+    even = ((words << 4) & 0x07F007F0) | ((words << 8) & 0x80008000)  # bytes 0, 2 as bf16
+    odd = ((words >> 4) & 0x07F007F0) | (words & 0x80008000)  # bytes 1, 3
+    if DTYPE == tl.float32:  # a bf16 in the top half of 32 bits is that value in fp32
+        byte_0, byte_2 = even << 16, even & 0xFFFF0000
+        byte_1, byte_3 = odd << 16, odd & 0xFFFF0000
+    else:
+        byte_0, byte_2 = (even & 0xFFFF).to(tl.uint16), (even >> 16).to(tl.uint16)
+        byte_1, byte_3 = (odd & 0xFFFF).to(tl.uint16), (odd >> 16).to(tl.uint16)
+    # join adds a last axis: [BLOCK_N, 32, 2 (byte // 2), 2 (byte % 2)] after the outer one
+    values = tl.join(tl.join(byte_0, byte_2), tl.join(byte_1, byte_3))
+    return tl.reshape(values, (BLOCK_N, 128)).to(DTYPE, bitcast=True)
+
+
+@triton.jit
+def weighted_head_sum(b_logits, b_weight, ROWS: tl.constexpr, HEADS_PAD: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
+    """[BLOCK_N, ROWS * HEADS_PAD] logits -> [BLOCK_N, ROWS]: sum_h w_h relu(logit_h)."""
+    b_logits = tl.maximum(b_logits, 0.0) * b_weight[None, :]
+    return tl.sum(tl.reshape(b_logits, (BLOCK_N, ROWS, HEADS_PAD)), axis=2)
+
+
+@triton.jit
 def split_columns_in_4(x, R: tl.constexpr):
     """[R, 128] -> its four [R, 32] column groups, in order."""
     x = tl.reshape(tl.permute(tl.reshape(x, (R, 4, 32)), (0, 2, 1)), (R, 32, 2, 2))
@@ -86,9 +135,19 @@ def key_tile_product(b_k, b_q_t, USE_FP8_DOT: tl.constexpr, FP8_ACC_INTERVAL: tl
 
 @triton.jit
 def fp8_key_columns(p_key, m_s, FIRST: tl.constexpr, o_columns, USE_FP8_DOT: tl.constexpr,
-                    DOT_DTYPE: tl.constexpr):
-    """Columns FIRST + o_columns of a tile of FP8 keys, as the product's operand."""
-    b_k = tl.load(p_key[:, None] + FIRST + o_columns[None, :], mask=m_s[:, None], other=0.0)
+                    DOT_DTYPE: tl.constexpr, KEY_CONVERT: tl.constexpr):
+    """Columns FIRST + o_columns of a tile of FP8 keys, as the product's operand. KEY_CONVERT
+    0: fp8 -> DOT_DTYPE conversion; 1: p_key points to the bytes, 2: to int32 words of 4
+    bytes (all 128 columns), and the operand is the keys x 2^-120 from their bits."""
+    p_columns = p_key[:, None] + FIRST + o_columns[None, :]
+    if KEY_CONVERT == 1:
+        b_codes = tl.load(p_columns, mask=m_s[:, None], other=0)
+        return e4m3fn_bits_as_float(b_codes, DOT_DTYPE)
+    if KEY_CONVERT == 2:
+        b_words = tl.load(p_key[:, None] + tl.arange(0, 32)[None, :], mask=m_s[:, None],
+                          other=0)
+        return e4m3fn_words_as_float(b_words, DOT_DTYPE, p_key.shape[0])
+    b_k = tl.load(p_columns, mask=m_s[:, None], other=0.0)
     if USE_FP8_DOT:
         return b_k
     else:
@@ -102,7 +161,8 @@ def score_key_tile(
     o_r, m_rows, b_position, b_weight, b_q_t, b_q_t0, b_q_t1, b_q_t2, b_q_t3,
     ROWS: tl.constexpr, HEADS_PAD: tl.constexpr, IS_MXFP4: tl.constexpr,
     DOT_DTYPE: tl.constexpr, USE_FP8_DOT: tl.constexpr, FP8_ACC_INTERVAL: tl.constexpr,
-    K_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+    K_SPLIT: tl.constexpr, KEY_CONVERT: tl.constexpr, REPEAT_EPILOGUE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """Scores of the tile's rows (m_rows: one request's) over keys start .. start + BLOCK_N
     in page(s) b_block (a scalar, or one per key), -inf past each row's position."""
@@ -122,20 +182,23 @@ def score_key_tile(
     elif K_SPLIT == 4:
         b_key_scale = tl.load(p_key_scale, mask=m_s, other=0.0)
         o_k32 = tl.arange(0, 32)
-        b_logits = key_tile_product(fp8_key_columns(p_key, m_s, 0, o_k32, USE_FP8_DOT,
-                                                    DOT_DTYPE), b_q_t0, USE_FP8_DOT, 0)
-        b_logits += key_tile_product(fp8_key_columns(p_key, m_s, 32, o_k32, USE_FP8_DOT,
-                                                     DOT_DTYPE), b_q_t1, USE_FP8_DOT, 0)
-        b_logits += key_tile_product(fp8_key_columns(p_key, m_s, 64, o_k32, USE_FP8_DOT,
-                                                     DOT_DTYPE), b_q_t2, USE_FP8_DOT, 0)
-        b_logits += key_tile_product(fp8_key_columns(p_key, m_s, 96, o_k32, USE_FP8_DOT,
-                                                     DOT_DTYPE), b_q_t3, USE_FP8_DOT, 0)
+        b_k = fp8_key_columns(p_key, m_s, 0, o_k32, USE_FP8_DOT, DOT_DTYPE, KEY_CONVERT)
+        b_logits = key_tile_product(b_k, b_q_t0, USE_FP8_DOT, 0)
+        b_k = fp8_key_columns(p_key, m_s, 32, o_k32, USE_FP8_DOT, DOT_DTYPE, KEY_CONVERT)
+        b_logits += key_tile_product(b_k, b_q_t1, USE_FP8_DOT, 0)
+        b_k = fp8_key_columns(p_key, m_s, 64, o_k32, USE_FP8_DOT, DOT_DTYPE, KEY_CONVERT)
+        b_logits += key_tile_product(b_k, b_q_t2, USE_FP8_DOT, 0)
+        b_k = fp8_key_columns(p_key, m_s, 96, o_k32, USE_FP8_DOT, DOT_DTYPE, KEY_CONVERT)
+        b_logits += key_tile_product(b_k, b_q_t3, USE_FP8_DOT, 0)
     else:
         b_key_scale = tl.load(p_key_scale, mask=m_s, other=0.0)
-        b_k = fp8_key_columns(p_key, m_s, 0, tl.arange(0, 128), USE_FP8_DOT, DOT_DTYPE)
+        b_k = fp8_key_columns(p_key, m_s, 0, tl.arange(0, 128), USE_FP8_DOT, DOT_DTYPE,
+                              KEY_CONVERT)
         b_logits = key_tile_product(b_k, b_q_t, USE_FP8_DOT, FP8_ACC_INTERVAL)
-    b_logits = tl.maximum(b_logits, 0.0) * b_weight[None, :]
-    b_scores = tl.sum(tl.reshape(b_logits, (BLOCK_N, ROWS, HEADS_PAD)), axis=2)
+    b_scores = weighted_head_sum(b_logits, b_weight, ROWS, HEADS_PAD, BLOCK_N)
+    if REPEAT_EPILOGUE:  # the probe: the sum again with weights x 2 (not merged), exact
+        b_twice = weighted_head_sum(b_logits, b_weight * 2.0, ROWS, HEADS_PAD, BLOCK_N)
+        b_scores = (b_scores + 0.5 * b_twice) * 0.5
     if not IS_MXFP4:
         b_scores = b_scores * b_key_scale[:, None]
     is_future = o_s[:, None] > b_position[None, :]
@@ -160,6 +223,8 @@ def indexer_score_kernel(
     IS_MXFP4: tl.constexpr, FP8_MAX_VALUE: tl.constexpr, MIN_AMAX: tl.constexpr,
     DOT_DTYPE: tl.constexpr, USE_FP8_DOT: tl.constexpr, FP8_ACC_INTERVAL: tl.constexpr,
     K_SPLIT: tl.constexpr,  # 4: four products of K = 32 summed in fp32 (FP8 keys only)
+    KEY_CONVERT: tl.constexpr,  # e4m3fn keys -> operand: 0 convert, 1 bytes, 2 words (config)
+    REPEAT_EPILOGUE: tl.constexpr,  # a benchmark probe (config.repeat_epilogue)
     BLOCK_N: tl.constexpr,
     PAGE_TILES: tl.constexpr,  # block_size % BLOCK_N == 0: no tile straddles two pages
     TILE_GROUP: tl.constexpr,  # > 0 (PAGE_TILES only): block-table reads per TILE_GROUP tiles
@@ -189,6 +254,11 @@ def indexer_score_kernel(
     else:
         b_q_dot, q_scale = fp8_group_quantize(b_q, FP8_MAX_VALUE, MIN_AMAX)
         b_weight = b_weight * q_scale
+        if KEY_CONVERT > 0:
+            # The keys' operand is key x 2^-120; queries x 2^119 (448 x 2^119 < the bf16
+            # maximum 2^128) and weights x 2 give the same scores: powers of two, exact.
+            b_q_dot = b_q_dot * 6.646139978924579e35  # 2^119
+            b_weight = b_weight * 2.0
     if USE_FP8_DOT:
         b_q_dot = b_q_dot.to(values_ptr.dtype.element_ty)
     else:
@@ -229,7 +299,7 @@ def indexer_score_kernel(
                             stride_scales_b, stride_scales_t, stride_scores_row, o_r, m_rows,
                             b_position, b_weight, b_q_t, b_q_t0, b_q_t1, b_q_t2, b_q_t3,
                             ROWS, HEADS_PAD, IS_MXFP4, DOT_DTYPE, USE_FP8_DOT,
-                            FP8_ACC_INTERVAL, K_SPLIT, BLOCK_N)
+                            FP8_ACC_INTERVAL, K_SPLIT, KEY_CONVERT, REPEAT_EPILOGUE, BLOCK_N)
             else:
                 for start in range(chunk_start, key_end, BLOCK_N):
                     o_s = start + tl.arange(0, BLOCK_N)
@@ -246,7 +316,7 @@ def indexer_score_kernel(
                         stride_scales_b, stride_scales_t, stride_scores_row, o_r, m_rows,
                         b_position, b_weight, b_q_t, b_q_t0, b_q_t1, b_q_t2, b_q_t3,
                         ROWS, HEADS_PAD, IS_MXFP4, DOT_DTYPE, USE_FP8_DOT,
-                        FP8_ACC_INTERVAL, K_SPLIT, BLOCK_N)
+                        FP8_ACC_INTERVAL, K_SPLIT, KEY_CONVERT, REPEAT_EPILOGUE, BLOCK_N)
             # Positions past every row of this request: -inf without reading keys.
             tail_start = chunk_start + tl.cdiv(tl.maximum(key_end - chunk_start, 0),
                                                BLOCK_N) * BLOCK_N
@@ -278,8 +348,9 @@ def indexer_score_triton(
     pages (contiguous last dim), block_table [N, max_blocks], row_request / row_position [Nq].
     num_positions: L when the caller knows it (host-side metadata): saves reading
       max(row_position) back from the device. Rows see keys up to min(position, L - 1).
-    config: the product and tiling (default: `default_config`); `use_fp8_dot` asks for the
-      fp8 tensor cores ("fp8", e4m3fn keys only) on the default tiling.
+    config: the product and tiling (default: `default_config`, exact bf16 products).
+    use_fp8_dot: (config None) opt in to the fp8 tensor cores (`fp8_dot_config`, e4m3fn keys
+      only): faster, but 4x outside the op's tolerance on the H200 (indexer_score_config).
     """
     del fp8_variant  # the dtype of index_values says it
     num_rows = row_request.shape[0]
@@ -301,18 +372,25 @@ def indexer_score_triton(
             f"contiguous last dim, got shape {list(index_values.shape)} strides "
             f"{index_values.stride()}")
     if config is None:
-        config = default_config(indexer_score_kernel, q.dtype, index_values.dtype, index_format)
-        if use_fp8_dot:
-            config = replace(config, dot="fp8", k_split=1)
+        config = (fp8_dot_config if use_fp8_dot else default_config)(indexer_score_kernel)
     is_fp8_dot = config.dot.startswith("fp8")
-    if config.dot not in DOTS or config.k_split not in (1, 4):
-        raise ValueError(f"config.dot must be one of {DOTS} and k_split 1 or 4, got "
-                         f"{config.dot!r}, {config.k_split}")
+    if (config.dot not in DOTS or config.k_split not in (1, 4)
+            or config.key_convert not in KEY_CONVERTS):
+        raise ValueError(f"config.dot must be one of {DOTS}, k_split 1 or 4 and key_convert "
+                         f"one of {KEY_CONVERTS}, got {config.dot!r}, {config.k_split}, "
+                         f"{config.key_convert!r}")
     if is_fp8_dot and (index_format != "fp8" or index_values.dtype != torch.float8_e4m3fn):
         raise ValueError(f"an fp8 dot ({config.dot!r}) needs e4m3fn fp8 keys, got "
                          f"{index_format} {index_values.dtype}")
     if config.k_split == 4 and index_format != "fp8":
         raise ValueError("k_split=4 is for fp8 keys, got mxfp4")
+    key_convert = KEY_CONVERTS.index(config.key_convert) if not is_fp8_dot else 0
+    if key_convert and (index_format != "fp8" or index_values.dtype != torch.float8_e4m3fn):
+        raise ValueError(f"key_convert {config.key_convert!r} is for e4m3fn fp8 keys, got "
+                         f"{index_format} {index_values.dtype}")
+    if key_convert == 2 and config.k_split != 1:
+        raise ValueError(f"key_convert 'words' reads all 128 columns at once: k_split must be "
+                         f"1, got {config.k_split}")
     if num_positions is None:
         num_positions = int(row_position.max()) + 1 if num_rows else 0  # a device sync
     elif num_positions < 0:
@@ -339,6 +417,11 @@ def indexer_score_triton(
     if num_warps is None:
         num_warps = 8 if block_n * rows * heads_pad >= 128 * 128 else 4
     register_cap = {} if config.max_registers is None else {"maxnreg": config.max_registers}
+    fp8_max_value = FP8_MAX.get(index_values.dtype, 448.0)
+    if key_convert == 1:
+        index_values = index_values.view(torch.uint8)  # the kernel reads the bytes
+    elif key_convert == 2:
+        index_values = key_words(index_values)
     indexer_score_kernel[(num_row_tiles, num_chunks)](
         q, head_weights, index_values, index_scales, block_table,
         row_request, row_position, scores,
@@ -349,12 +432,14 @@ def indexer_score_triton(
         block_table.stride(0), scores.stride(0),
         NUM_HEADS=num_heads, HEADS_PAD=heads_pad, ROWS=rows,
         IS_MXFP4=index_format == "mxfp4",
-        FP8_MAX_VALUE=FP8_MAX.get(index_values.dtype, 448.0),
+        FP8_MAX_VALUE=fp8_max_value,
         MIN_AMAX=FP8_INDEX_AMAX_FLOOR,
         DOT_DTYPE=tl.float32 if config.dot == "fp32" else tl.bfloat16,
         USE_FP8_DOT=is_fp8_dot,
         FP8_ACC_INTERVAL=FP8_ACC_INTERVALS.get(config.dot, 0),
         K_SPLIT=config.k_split,
+        KEY_CONVERT=key_convert,
+        REPEAT_EPILOGUE=config.repeat_epilogue,
         BLOCK_N=block_n,
         PAGE_TILES=block_size % block_n == 0,
         TILE_GROUP=config.tile_group if block_size % block_n == 0 else 0,
@@ -363,6 +448,15 @@ def indexer_score_triton(
         **register_cap,
     )
     return scores
+
+
+def key_words(index_values: torch.Tensor) -> torch.Tensor:
+    """The fp8 key pages as int32 words of 4 keys' bytes, [num_blocks, block_size, 32]."""
+    as_bytes = index_values.view(torch.uint8)
+    if as_bytes.storage_offset() % 4 or any(s % 4 for s in as_bytes.stride()[:-1]):
+        raise ValueError(f"key_convert 'words' needs 4-byte aligned key rows, got strides "
+                         f"{as_bytes.stride()} at offset {as_bytes.storage_offset()}")
+    return as_bytes.view(torch.int32)
 
 
 def _num_sms(device: torch.device) -> int:

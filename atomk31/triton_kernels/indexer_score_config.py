@@ -1,14 +1,13 @@
 """How indexer_score_kernel multiplies and tiles, and which configuration a launch uses.
 
 The choice follows the active target (not the tensors' device, so the AMD compile checks get
-the configuration a launch there would use): the interpreter, CUDA (Hopper: fp8 tensor cores
-for e4m3fn keys) or ROCm. benchmarks/kernels/bench_indexer_score.py compares configurations
-side by side on the H200.
+the configuration a launch there would use): the interpreter, CUDA or ROCm. Every default is
+the exact bf16-product path; the fp8 tensor cores are an explicit opt-in (`fp8_dot_config`).
+benchmarks/kernels/bench_indexer_score.py compares configurations side by side on the H200.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-import torch
 from triton.runtime import driver
 
 from atomk31.triton_kernels.runtime import runs_on_interpreter
@@ -32,6 +31,13 @@ class IndexerScoreConfig:
       pipeline drains at the end of each group: large groups, few drains.
     max_registers: a register cap a thread (CUDA's maxnreg), e.g. 128 for two programs of 8
       warps a multiprocessor; what does not fit spills (the queries' prologue, once).
+    key_convert: how the e4m3fn keys become the bf16 operand. "cvt": the conversion
+      instructions; "bits": from each byte's bits, two shifts, two masks and an or (the code
+      x 2^-120, exact also for subnormal codes); "words": the same on int32 words of 4 bytes
+      (5 operations per 4 keys' values). The queries then carry the 2^120 (2^119, below the
+      bf16 maximum, and the weights x 2).
+    repeat_epilogue: a benchmark probe, not for use: runs relu / weights / head sum twice
+      (same scores), so the time difference is the epilogue's cost.
     """
 
     dot: str = "bf16"
@@ -42,33 +48,47 @@ class IndexerScoreConfig:
     programs_per_sm: int = 4
     tile_group: int = 64
     max_registers: int | None = None
+    key_convert: str = "cvt"
+    repeat_epilogue: bool = False
 
 
 DOTS = ("fp32", "bf16", "fp8", "fp8_acc32", "fp8_acc64")
+KEY_CONVERTS = ("cvt", "bits", "words")  # the kernel's KEY_CONVERT 0, 1, 2
 FP8_ACC_INTERVALS = {"fp8_acc32": 32, "fp8_acc64": 64}  # the others: 0, no fp32 partial sums
 INTERPRETER_CONFIG = IndexerScoreConfig(dot="fp32", block_n=64, num_warps=4, num_stages=1,
                                         programs_per_sm=1)
-# Hopper, e4m3fn keys, bf16 queries: the fp8 tensor cores with fp32 sums every K = 32.
-# PENDING H200 MEASUREMENT (issue #5): if its error exceeds the op's tolerance, use "bf16".
-CUDA_E4M3FN_DOT = "fp8_acc32"
+# The exact path on CUDA, round 1's fastest bf16 tiling on the H200 (issue #5): 0.42 ms for
+# 16 requests x 4 rows at 128K keys.
+CUDA_CONFIG = IndexerScoreConfig(dot="bf16", block_n=128, num_stages=4)
+# Opt-in (`use_fp8_dot`, Hopper, e4m3fn keys): the fp8 tensor cores with fp32 sums every
+# K = 32, on 64-key tiles, two programs a multiprocessor. 0.25 ms at 128K on the H200, but
+# its error is 4.1x the op's tolerance (1e-5 |score| + 1e-5 max |score|) at 16K: Hopper
+# accumulates fp8 products with ~14 bits between the fp32 sums. Without the fp32 sums
+# ("fp8"): 23x.
+FP8_OPT_IN_CONFIG = IndexerScoreConfig(dot="fp8_acc32", block_n=64, num_warps=8,
+                                       num_stages=6, max_registers=128)
 
 
-def default_config(kernel: object, q_dtype: torch.dtype, index_values_dtype: torch.dtype,
-                   index_format: str) -> IndexerScoreConfig:
+def default_config(kernel: object) -> IndexerScoreConfig:
     """The configuration a launch uses unless told otherwise: by the active target."""
     if runs_on_interpreter(kernel):
         return INTERPRETER_CONFIG
     target = driver.active.get_current_target()
-    if target.backend != "cuda":
-        if target.arch == "gfx942":
-            # 128-key tiles on 8 warps spilled 13 VGPRs there; 64-key tiles on 4 warps fit.
-            return IndexerScoreConfig(dot="bf16", block_n=64, num_warps=4, num_stages=2)
-        return IndexerScoreConfig(dot="bf16", num_stages=3)
-    is_e4m3fn_keys = index_format == "fp8" and index_values_dtype == torch.float8_e4m3fn
-    is_hopper = target.arch == 90  # where the fp8 products' accumulation was measured
-    can_use_fp8_dot = is_e4m3fn_keys and q_dtype != torch.float32 and is_hopper
-    if can_use_fp8_dot and CUDA_E4M3FN_DOT != "bf16":
-        # 64-key tiles on 8 warps: 32 accumulator registers a thread, room for the fp32
-        # partial sums (128-key tiles spill with them); 5 tiles in flight.
-        return IndexerScoreConfig(dot=CUDA_E4M3FN_DOT, block_n=64, num_warps=8, num_stages=6)
-    return IndexerScoreConfig(dot="bf16", num_stages=4)
+    if target.backend == "cuda":
+        return CUDA_CONFIG
+    if target.arch == "gfx942":
+        # 128-key tiles on 8 warps spilled 13 VGPRs there; 64-key tiles on 4 warps fit.
+        return IndexerScoreConfig(dot="bf16", block_n=64, num_warps=4, num_stages=2)
+    return IndexerScoreConfig(dot="bf16", num_stages=3)
+
+
+def fp8_dot_config(kernel: object) -> IndexerScoreConfig:
+    """The opt-in fp8 tensor-core configuration (outside the op's tolerance, see above)."""
+    if runs_on_interpreter(kernel):
+        return INTERPRETER_CONFIG  # the interpreter's products are fp32 whatever the dot
+    target = driver.active.get_current_target()
+    if target.backend == "cuda":
+        if target.arch < 89:
+            raise ValueError(f"the fp8 tensor cores need sm_89 or later, got sm_{target.arch}")
+        return FP8_OPT_IN_CONFIG
+    return replace(default_config(kernel), dot="fp8")  # ROCm: the default tiling

@@ -3,8 +3,11 @@
 The contract is ``kda_prefill`` of ``atomk31/ops/kda_prefill.py``; this file holds no kernel.
 It plans the chunks on the host, then runs the stages in order:
 
-1. ``kda_prefill_intra`` (one program per chunk and head, all in parallel): the chunk-local
-   scores, the unit lower-triangular solve and the gated keys/queries;
+1. stage 1 (one program per chunk and head, all in parallel): the chunk-local scores, the
+   unit lower-triangular solve and the gated keys/queries. By default in one kernel,
+   ``kda_prefill_intra``; or (``KdaPrefillTuning.intra_split``) in two,
+   ``kda_prefill_scores`` (scores and the solve, the head dimension in slices) then
+   ``kda_prefill_gated`` (gated rows, w and u as [64, 64] x [64, BLOCK] matmuls);
 2. ``kda_prefill_state`` (one program per request, head and value block, chunk after
    chunk): the state, the snapshots, and either the output (fused) or, by default, the
    state before each chunk and V' for stage 3;
@@ -18,8 +21,8 @@ never reconstructed. Snapshots at ``m = 0`` are the initial state; repeated rows
 Intermediates are kept in the input's dtype (BF16 inputs -> BF16 w/qg/kd/u, as
 flash-linear-attention does), except the scores and every carried state, which stay fp32.
 Products: IEEE fp32 for fp32 inputs; with BF16 intermediates, BF16 operands in stages 2 and
-3 (the state and V' rounded for the product, fp32 accumulation, as fla does) and TF32 in
-stage 1. Memory: about ``T * H * (3K + 2V + BT + KV/BT) * itemsize`` for the intermediates
+3 and in stage 1's w/u (the state, V', the inverse and the right-hand sides rounded for the
+product, fp32 accumulation, as fla does) and TF32 in stage 1's scores. Memory: about ``T * H * (3K + 2V + BT + KV/BT) * itemsize`` for the intermediates
 (~0.15 MB per token at H = 96, BF16).
 
 Limits: chunk_size 64 only; each per-token decay g must be >= -5.8 (see kda_prefill_intra.py;
@@ -29,10 +32,12 @@ K3.1's gate floor is -5). Planning reads cu_seqlens and snapshot_at on the host 
 import torch
 from triton.runtime import driver
 
+from atomk31.triton_kernels.kda_prefill_gated import kda_prefill_gated
 from atomk31.triton_kernels.kda_prefill_intra import (
     CHUNK_SIZE, kda_prefill_intra, kda_prefill_intra_kernel,
 )
 from atomk31.triton_kernels.kda_prefill_output import kda_prefill_output
+from atomk31.triton_kernels.kda_prefill_scores import kda_prefill_scores
 from atomk31.triton_kernels.kda_prefill_state import kda_prefill_state
 from atomk31.triton_kernels.kda_prefill_tuning import KdaPrefillTuning
 from atomk31.triton_kernels.runtime import runs_on_interpreter
@@ -77,9 +82,8 @@ def kda_prefill_triton(
     if intermediate_dtype is None:
         intermediate_dtype = v.dtype if v.dtype in (torch.bfloat16, torch.float16) else torch.float32
     tuning = tuning or default_tuning()
-    intra = kda_prefill_intra(q, k, v, g, beta, table["chunk_start"], table["chunk_len"], scale,
-                              intermediate_dtype, tuning.intra_num_warps,
-                              tuning.intra_cache_right)
+    intra = run_intra(q, k, v, g, beta, table["chunk_start"], table["chunk_len"], scale,
+                      intermediate_dtype, tuning)
     num_snapshots = len(snapshot_rows)
     snapshots = torch.empty((max(num_snapshots, 1),) + tuple(initial_state.shape[1:]),
                             dtype=torch.float32, device=device)
@@ -97,16 +101,34 @@ def kda_prefill_triton(
     return o, final_state, snapshots[:num_snapshots] if snapshot_at is not None else None
 
 
+def run_intra(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    chunk_start: torch.Tensor, chunk_len: torch.Tensor, scale: float,
+    intermediate_dtype: torch.dtype, tuning: KdaPrefillTuning,
+) -> dict[str, torch.Tensor]:
+    """Stage 1, split in two kernels (kda_prefill_scores.py, kda_prefill_gated.py) or in one
+    (kda_prefill_intra.py), as ``tuning`` says; both return the same intermediates."""
+    if tuning.intra_split:
+        scores = kda_prefill_scores(q, k, g, beta, chunk_start, chunk_len, scale,
+                                    tuning.scores_block_k, tuning.scores_num_warps)
+        return kda_prefill_gated(q, k, v, g, beta, chunk_start, chunk_len, scores,
+                                 intermediate_dtype, tuning.gated_block, tuning.gated_num_warps,
+                                 tuning.bf16_products)
+    return kda_prefill_intra(q, k, v, g, beta, chunk_start, chunk_len, scale,
+                             intermediate_dtype, tuning.intra_num_warps,
+                             tuning.intra_cache_right)
+
+
 def default_tuning() -> KdaPrefillTuning:
     """The launchers' choices, per target. AMD: a lane has 512 VGPRs, 256 for two waves per
-    SIMD; 8-warp stage 1, 64-wide stage 3 and (gfx942) unpipelined stage 2 stay within them
-    (4 warps / 128-wide / 2 stages need 264-290)."""
+    SIMD; 8-warp stage 1, 64-wide stage 3 and 32-wide, (gfx942) unpipelined stage 2 stay
+    within them (4 warps / 128-wide / 64-wide stage 2 / 2 stages need 264-290)."""
     if runs_on_interpreter(kda_prefill_intra_kernel):
         return KdaPrefillTuning()
     target = driver.active.get_current_target()
     if target.backend != "hip":
         return KdaPrefillTuning()
-    return KdaPrefillTuning(intra_num_warps=8, output_block_v=64,
+    return KdaPrefillTuning(intra_num_warps=8, output_block_v=64, block_v=32,
                             num_stages=1 if target.arch == "gfx942" else None)
 
 

@@ -9,8 +9,13 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class KdaPrefillTuning:
     """None: the stage launcher's default for the inputs' dtype and the number of requests."""
-    intra_num_warps: int = 4            # stage 1, one program per (chunk, head)
-    intra_cache_right: bool = False     # stage 1: right-hand score tiles kept in registers
+    intra_split: bool = False           # stage 1 as scores+solve then gated rows+w/u (2 kernels)
+    scores_block_k: int = 32            # split stage 1a: head channels per slice
+    scores_num_warps: int = 2           # split stage 1a
+    gated_block: int = 64               # split stage 1b: channels per product
+    gated_num_warps: int = 4            # split stage 1b
+    intra_num_warps: int = 4            # single-kernel stage 1, one program per (chunk, head)
+    intra_cache_right: bool = False     # single-kernel stage 1: right-hand tiles in registers
     block_v: int | None = None          # stage 2: value channels per sequential program
     num_warps: int = 4                  # stage 2
     num_stages: int | None = None       # stage 2: software-pipelining depth of its loads

@@ -16,6 +16,7 @@ partial sum into an fp32 accumulator every ``promote_every`` K elements (as Deep
 Under the interpreter the FP8 operands are widened to fp32 before the product.
 """
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -69,9 +70,8 @@ def ptpc_quantize_kernel(
     tl.store(scale_ptr + i_m, b_scale)
 
 
-# M is not specialized: Triton compiles M == 1 apart, as a constant, and M == 1 ran 1.4-3x
-# slower than M == 16 with the same tiles on the H200 (the suspected cause; the benchmark's
-# "M specialized" variant measures it).
+# M is not specialized: Triton would compile M == 1 apart, as a constant; on the H200 that
+# specialization ran 2-36% slower at M == 1 (round 1 of benchmarks/kernels/bench_ptpc_fp8.py).
 @triton.jit(do_not_specialize=["M"])
 def ptpc_gemm_kernel(
     # pointers: a [M, K] fp8, b [N, K] fp8, scales [M] / [N] fp32, c [M, N]
@@ -82,6 +82,7 @@ def ptpc_gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, DOT_FP32: tl.constexpr,
     DOT_BF16: tl.constexpr = False, PROMOTE_EVERY: tl.constexpr = None,
+    PROMOTE_PER_TILE: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
 ):
     i_tile, i_split = tl.program_id(0), tl.program_id(1)
     # Grouped order: GROUP_M row tiles share each column tile while it sits in L2.
@@ -98,14 +99,22 @@ def ptpc_gemm_kernel(
     k_begin = i_split * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, K)
     b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(k_begin, k_end, BLOCK_K):
+    for k0 in tl.range(k_begin, k_end, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
         o_k = k0 + tl.arange(0, BLOCK_K)
         m_k = o_k < k_end
         b_a = tl.load(a_ptr + o_m.to(tl.int64)[:, None] * stride_a + o_k[None, :],
                       mask=m_m[:, None] & m_k[None, :], other=0.0)
         b_b = tl.load(b_ptr + o_n.to(tl.int64)[:, None] * stride_b + o_k[None, :],
                       mask=m_n[:, None] & m_k[None, :], other=0.0)
-        if DOT_FP32:
+        if PROMOTE_PER_TILE:
+            # promotion every BLOCK_K written as an fp32 add of each tile's own product (a
+            # fresh wgmma sum per tile): another schedule than max_num_imprecise_acc's lowering
+            if DOT_FP32:
+                b_acc += tl.dot(b_a.to(tl.float32), tl.trans(b_b.to(tl.float32)),
+                                input_precision="ieee")
+            else:
+                b_acc += tl.dot(b_a, tl.trans(b_b))
+        elif DOT_FP32:
             b_acc = tl.dot(b_a.to(tl.float32), tl.trans(b_b.to(tl.float32)), b_acc,
                            input_precision="ieee")
         elif DOT_BF16:
@@ -142,8 +151,12 @@ class GemmConfig:
 
     ``split_k``: programs per output tile along K (fp32 atomics, then one cast).
     ``promote_every``: K elements between promotions of the FP8 wgmma partial sum into the
-    fp32 accumulator (NVIDIA sm_90; None: never). ``dot_bf16``: widen the FP8 tiles to bf16
-    before the product (exact values, full fp32 accumulation, half the FP8 tensor rate)."""
+    fp32 accumulator (NVIDIA sm_90; None: never). ``promote_per_tile``: promote every
+    ``block_k`` through an explicit fp32 add of each tile's product instead (same numerics
+    as ``promote_every = block_k``). ``warp_specialize``: Triton's automatic warp
+    specialization of the K loop (producer / MMA partitions). ``dot_bf16``: widen the FP8
+    tiles to bf16 before the product (exact values, full fp32 accumulation, half the FP8
+    tensor rate)."""
 
     block_m: int
     block_n: int
@@ -153,6 +166,8 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 4
     promote_every: int | None = 128
+    promote_per_tile: bool = False
+    warp_specialize: bool = False
     dot_bf16: bool = False
 
 
@@ -191,16 +206,29 @@ def split_k_to_fill(tiles: int, k: int, block_k: int, num_sms: int) -> int:
     return triton.cdiv(k_tiles, triton.cdiv(k_tiles, split))
 
 
-def pick_config(m: int, n: int, k: int) -> GemmConfig:
-    """The launcher's tile choice per shape class (measured on the H200,
-    benchmarks/kernels/bench_ptpc_fp8.py):
+# One tile per shape class, by the largest M of the class (None: any larger M); split_k is
+# filled in per shape (split_k_to_fill). The round-1 H200 winners
+# (benchmarks/kernels/bench_ptpc_fp8.py):
+# * decode, M <= 64: 16/32/64-row tiles, 64 columns, K steps of 256; split K only where the
+#   tiles cannot cover half the SMs (kv_a: N = 576);
+# * M <= 256: 64x128x128 tiles (split K for small N);
+# * larger M: 128x128x128 tiles, 8 warps: two warpgroups of 64 rows, 2 x 64 fp32 registers
+#   each for the accumulator and the FP8 partial sum it promotes. Not 128x256: 2 x 128
+#   registers there, and it spilled (2.6x slower on the H200).
+# AMD: 2 stages (the stream pipeliner's double buffer; gfx942 has 64 KiB of LDS), no
+# promotion (max_num_imprecise_acc is for NVIDIA's sm_90).
+CONFIG_BY_MAX_M: tuple[tuple[int | None, GemmConfig], ...] = (
+    (16, GemmConfig(16, 64, 256)),
+    (32, GemmConfig(32, 64, 256)),
+    (64, GemmConfig(64, 64, 256)),
+    (256, GemmConfig(64, 128, 128)),
+    (None, GemmConfig(128, 128, 128, num_warps=8)),
+)
 
-    * decode, M <= 64: 16/32/64-row tiles, 64 columns, K steps of 256; split K only where the
-      tiles cannot cover half the SMs (kv_a: N = 576);
-    * M <= 256: 64x128x128 tiles (split K for small N);
-    * larger M: 128x128x128 tiles, 8 warps (split K for small N). Not 128x256: promoting the
-      FP8 partial sum keeps a second accumulator, 2 x 128 fp32 registers per thread there.
-    AMD: 2 stages (the stream pipeliner's double buffer; gfx942 has 64 KiB of LDS)."""
+
+def pick_config(m: int, n: int, k: int) -> GemmConfig:
+    """The launcher's tile choice: ``CONFIG_BY_MAX_M`` for the current target (one small config
+    under the interpreter)."""
     if runs_on_interpreter(ptpc_gemm_kernel):
         return INTERPRETER_CONFIG
     return pick_config_for_target(m, n, k, current_target())
@@ -208,20 +236,12 @@ def pick_config(m: int, n: int, k: int) -> GemmConfig:
 
 def pick_config_for_target(m: int, n: int, k: int, target: GemmTarget) -> GemmConfig:
     """``pick_config`` on a given target (tests check the AMD choices without the driver)."""
-    stages = 2 if target.is_amd else None
-    promote = None if target.is_amd else 128
-    if m <= 64:
-        block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
-        tiles = triton.cdiv(m, block_m) * triton.cdiv(n, 64)
-        return GemmConfig(block_m, 64, 256, split_k_to_fill(tiles, k, 256, target.num_sms),
-                          num_warps=4, num_stages=stages or 4, promote_every=promote)
-    if m <= 256:
-        tiles = triton.cdiv(m, 64) * triton.cdiv(n, 128)
-        return GemmConfig(64, 128, 128, split_k_to_fill(tiles, k, 128, target.num_sms),
-                          num_warps=4, num_stages=stages or 4, promote_every=promote)
-    tiles = triton.cdiv(m, 128) * triton.cdiv(n, 128)
-    return GemmConfig(128, 128, 128, split_k_to_fill(tiles, k, 128, target.num_sms),
-                      num_warps=8, num_stages=stages or 4, promote_every=promote)
+    config = next(c for max_m, c in CONFIG_BY_MAX_M if max_m is None or m <= max_m)
+    if target.is_amd:
+        config = dataclasses.replace(config, num_stages=2, promote_every=None)
+    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+    return dataclasses.replace(
+        config, split_k=split_k_to_fill(tiles, k, config.block_k, target.num_sms))
 
 
 def ptpc_quantize_triton(
@@ -254,11 +274,9 @@ def ptpc_linear_quantized_triton(
     w_scale: torch.Tensor,
     out_dtype: torch.dtype = torch.bfloat16,
     config: GemmConfig | None = None,
-    kernel: object = None,
 ) -> torch.Tensor:
     """x_q: [..., K] fp8; x_scale: fp32 [...]; w_q: [N, K] fp8; w_scale: fp32 [N]
-    -> [..., N] in out_dtype. ``config`` overrides the tile choice and ``kernel`` the compiled
-    variant of ``ptpc_gemm_kernel`` (benchmarks)."""
+    -> [..., N] in out_dtype. ``config`` overrides the tile choice (tests, benchmarks)."""
     if w_q.dim() != 2 or x_q.shape[-1] != w_q.shape[1] or w_scale.shape != (w_q.shape[0],) \
             or x_scale.shape != x_q.shape[:-1]:
         raise ValueError(f"ptpc_linear: expected x_q [..., K], x_scale [...], w_q [N, K] and "
@@ -276,18 +294,19 @@ def ptpc_linear_quantized_triton(
     split = config.split_k > 1
     c = torch.zeros((m, n), dtype=torch.float32, device=a.device) if split else \
         torch.empty((m, n), dtype=out_dtype, device=a.device)
-    kernel = kernel or ptpc_gemm_kernel
-    on_interpreter = runs_on_interpreter(kernel)
-    promote_every = None if on_interpreter or config.promote_every is None else \
-        min(config.promote_every, config.block_k)
+    on_interpreter = runs_on_interpreter(ptpc_gemm_kernel)
+    promote_every = None if on_interpreter or config.promote_per_tile or \
+        config.promote_every is None else min(config.promote_every, config.block_k)
     if m and n:
         grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), config.split_k)
-        kernel[grid](
+        ptpc_gemm_kernel[grid](
             a, w_q, x_scale.reshape(-1).float().contiguous(), w_scale.float().contiguous(), c,
             m, n, k, a.stride(0), w_q.stride(0), c.stride(0),
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
             GROUP_M=config.group_m, SPLIT_K=config.split_k, DOT_FP32=on_interpreter,
             DOT_BF16=config.dot_bf16 and not on_interpreter, PROMOTE_EVERY=promote_every,
+            PROMOTE_PER_TILE=config.promote_per_tile,
+            WARP_SPECIALIZE=config.warp_specialize and not on_interpreter,
             num_warps=config.num_warps, num_stages=config.num_stages,
         )
     if split:

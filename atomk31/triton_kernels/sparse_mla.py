@@ -7,22 +7,24 @@ log-sum-exp [Nq, H]. Decode (one row per request), verification rows and prefill
 run the same kernel: every row has its own selection.
 
 A program owns BLOCK_M = ROWS_PER_PROGRAM x BLOCK_H query vectors (ROWS_PER_PROGRAM consecutive
-rows, BLOCK_H heads of each) and one split of their keys. It gathers BLOCK_N key rows at a time
-(each a contiguous 576-element row of the paged cache), scores them with two tensor-core
-products ([BLOCK_M, 512] x [512, BLOCK_N] and the 64-wide lane) and keeps an online softmax
-(exp2 with log2(e) folded into the scale) and a [BLOCK_M, 512] fp32 accumulator; with 8 warps
-and BLOCK_M = 64 the Hopper layout gives each warpgroup 256 of the 512 value columns, as
-FlashMLA does; but Triton then runs the score product on both warpgroups over the same 64 rows
-(its layout for a dot feeding a dot), unless SCORES_VIA_MEMORY hands the probabilities over
-through a scratch buffer (each warpgroup then takes half the keys: half the score products and
-no spills in the sm_90 build; the barrier turns pipelining off, so PREFETCH_KEYS loads the next
-key tile a step ahead). Both are off by default until the H200 benchmark decides. With several
-splits (flash-decoding: they fill the multiprocessors when rows are few), each writes its
-normalized partial output and lse, and `mla_combine` merges them exactly. `dense_mla` runs this
-kernel with the keys taken from the block table (every causal slot 0..p); there the rows of one
-program must share a request (verification rows), so their keys are read once for all of them
-and 96 heads tile exactly (4 rows x 16 heads or 2 x 32 = 64 vectors) instead of padding 96 to
-128.
+rows, BLOCK_H heads of each), 512 / VALUE_SPLITS of the value columns and one split of their
+keys. It gathers BLOCK_N key rows at a time (each a contiguous 576-element row of the paged
+cache), scores them with tensor-core products over all 576 columns and keeps an online softmax
+(exp2 with log2(e) folded into the scale) and a [BLOCK_M, 512 / VALUE_SPLITS] fp32
+accumulator. With one value split, 8 warps and BLOCK_M = 64 the Hopper layout gives each
+warpgroup 256 of the value columns, as FlashMLA does, but Triton runs the score product on both
+warpgroups over the same 64 rows (its layout for a dot feeding a dot) unless SCORES_VIA_MEMORY
+hands the probabilities over through a scratch buffer (each warpgroup then takes half the
+keys). With two value splits each program recomputes the scores for its half of the values
+(1.53x the products) for half the accumulator: one warpgroup (4 warps) per program and two
+programs per multiprocessor, or BLOCK_H = 128 (96 heads in one program) on 8 warps. Which of
+these wins is measured (benchmarks/kernels/bench_sparse_mla.py; defaults in mla_tiles.py).
+With several key splits (flash-decoding: they fill the multiprocessors when rows are few),
+each writes its normalized partial output and lse, and `mla_combine` merges them exactly.
+`dense_mla` runs this kernel with the keys taken from the block table (every causal slot
+0..p); there the rows of one program must share a request (verification rows), so their keys
+are read once for all of them and 96 heads tile exactly (4 rows x 16 heads or 2 x 32 = 64
+vectors) instead of padding 96 to 128.
 
 Numbers: with bf16 queries and a bf16 or fp8 latent the products are bf16 (fp8 e4m3 is
 exact in bf16) with fp32 accumulation, and the probabilities are rounded to bf16 for the
@@ -32,31 +34,29 @@ the interpreter (whose bf16 dot is wrong).
 """
 
 import math
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
-from triton.runtime import driver
 
 from atomk31.triton_kernels.mla_combine import mla_combine
+from atomk31.triton_kernels.mla_tiles import MlaTiles, choose_tiles
 from atomk31.triton_kernels.runtime import runs_on_interpreter
 
 LATENT_DIM = 576
 VALUE_DIM = 512
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 LOG2_E = 1.0 / math.log(2.0)
-MIN_TILES_PER_SPLIT = 4  # shorter splits cost more in partial writes and merging than they win
 
 
 @triton.jit
-def _load_key_tile(
-    cache_ptr, slots_ptr, block_table_ptr, tile, end, i_first_row, request, block_size,
+def _key_rows(
+    slots_ptr, block_table_ptr, tile, end, i_first_row, request, block_size,
     stride_cache_b, stride_cache_t, stride_slots_row, stride_table_r,
     IS_DENSE: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Key rows tile..tile + BLOCK_N - 1 (before `end`) as stored: [BLOCK_N, 512] latent,
-    [BLOCK_N, 64] rope lane, the valid-key mask and the key indices (causal positions)."""
+    """Keys tile..tile + BLOCK_N - 1 (before `end`): element offsets of their cache rows, the
+    valid-key mask and the key indices (causal positions)."""
     o_n = tile + tl.arange(0, BLOCK_N)
     m_n = o_n < end
     if IS_DENSE:
@@ -70,11 +70,7 @@ def _load_key_tile(
         b_slot = tl.maximum(b_slot, 0).to(tl.int64)
         b_block = b_slot // block_size
         b_offset = b_slot % block_size
-    p_k = cache_ptr + b_block * stride_cache_b + b_offset * stride_cache_t
-    b_k_nope = tl.load(p_k[:, None] + tl.arange(0, 512)[None, :], mask=m_n[:, None], other=0.0)
-    b_k_rope = tl.load(p_k[:, None] + 512 + tl.arange(0, 64)[None, :], mask=m_n[:, None],
-                       other=0.0)
-    return b_k_nope, b_k_rope, m_n, o_n
+    return b_block * stride_cache_b + b_offset * stride_cache_t, m_n, o_n
 
 
 @triton.jit
@@ -95,29 +91,42 @@ def sparse_mla_kernel(
     IS_DENSE: tl.constexpr,  # keys = causal positions of the rows' request (dense_mla)
     ROWS_PER_PROGRAM: tl.constexpr,  # rows sharing one key stream (dense: one request)
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    # Programs per query block, each owning 512 / VALUE_SPLITS value columns (1 or 2): each
+    # recomputes the full 576-wide scores, for an accumulator half as large.
+    VALUE_SPLITS: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # bf16 (bf16 / fp8 inputs) or fp32 (fp32 inputs, interpreter)
     # Hand the probabilities and the rescale factors to the value product through memory:
     # Triton then lays out the score product on its own (the two warpgroups of 8 warps split
     # its keys) instead of the flash-attention layout that runs it on both over the same rows.
     SCORES_VIA_MEMORY: tl.constexpr,
-    PREFETCH_KEYS: tl.constexpr,  # load the next key tile into registers one step ahead
 ):
-    i_group_head = tl.program_id(0)
+    i_program = tl.program_id(0)
     i_split = tl.program_id(1)
+    if VALUE_SPLITS == 1:
+        i_value = 0  # a constant: the column offsets stay provably aligned
+        i_group_head = i_program
+    else:
+        # The value halves of one query block are neighbours: their key reads meet in L2.
+        i_value = i_program % VALUE_SPLITS
+        i_group_head = i_program // VALUE_SPLITS
     i_group = i_group_head // num_head_blocks
     i_h = i_group_head % num_head_blocks
     BLOCK_M: tl.constexpr = ROWS_PER_PROGRAM * BLOCK_H
+    BLOCK_V: tl.constexpr = 512 // VALUE_SPLITS
     # Query vector m is head (i_h * BLOCK_H + m % BLOCK_H) of row (first + m // BLOCK_H).
     o_m = tl.arange(0, BLOCK_M)
     i_first_row = i_group * ROWS_PER_PROGRAM
     o_row = (i_first_row + o_m // BLOCK_H).to(tl.int64)
     o_h = i_h * BLOCK_H + o_m % BLOCK_H
     m_m = (o_row < num_rows) & (o_h < num_heads)
-    o_c = tl.arange(0, 512)
+    o_v = i_value * BLOCK_V + tl.arange(0, BLOCK_V)  # the value columns this program owns
     o_r = 512 + tl.arange(0, 64)
     p_q = q_ptr + o_row[:, None] * stride_q_row + o_h[:, None] * stride_q_head
-    b_q_nope = tl.load(p_q + o_c[None, :], mask=m_m[:, None], other=0.0).to(DOT_DTYPE)
+    b_q_own = tl.load(p_q + o_v[None, :], mask=m_m[:, None], other=0.0).to(DOT_DTYPE)
     b_q_rope = tl.load(p_q + o_r[None, :], mask=m_m[:, None], other=0.0).to(DOT_DTYPE)
+    if VALUE_SPLITS == 2:
+        o_w = (1 - i_value) * BLOCK_V + tl.arange(0, BLOCK_V)  # the other half: scores only
+        b_q_other = tl.load(p_q + o_w[None, :], mask=m_m[:, None], other=0.0).to(DOT_DTYPE)
 
     request = 0
     if IS_DENSE:
@@ -132,34 +141,24 @@ def sparse_mla_kernel(
 
     b_max = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     b_sum = tl.zeros((BLOCK_M,), tl.float32)
-    b_acc = tl.zeros((BLOCK_M, 512), tl.float32)
+    b_acc = tl.zeros((BLOCK_M, BLOCK_V), tl.float32)
     if SCORES_VIA_MEMORY:
-        i_program = i_group_head * tl.num_programs(1) + i_split
-        p_scratch = scratch_ptr + i_program.to(tl.int64) * (2 * BLOCK_M * (BLOCK_N + 1)) \
+        i_scratch = i_program * tl.num_programs(1) + i_split
+        p_scratch = scratch_ptr + i_scratch.to(tl.int64) * (2 * BLOCK_M * (BLOCK_N + 1)) \
             + o_m * (BLOCK_N + 1)
         o_scratch_n = tl.arange(0, BLOCK_N)
-    if PREFETCH_KEYS:
-        b_next_nope, b_next_rope, m_next, o_next = _load_key_tile(
-            cache_ptr, slots_ptr, block_table_ptr, start, end, i_first_row, request, block_size,
-            stride_cache_b, stride_cache_t, stride_slots_row, stride_table_r, IS_DENSE, BLOCK_N)
     for tile in range(start, end, BLOCK_N):
-        if PREFETCH_KEYS:
-            # Registers hold the next tile while this one is multiplied: the gather's latency
-            # hides behind a tile of products without the pipeliner (which the barrier of
-            # SCORES_VIA_MEMORY turns off).
-            b_k_nope, b_k_rope, m_n, o_n = b_next_nope, b_next_rope, m_next, o_next
-            b_next_nope, b_next_rope, m_next, o_next = _load_key_tile(
-                cache_ptr, slots_ptr, block_table_ptr, tile + BLOCK_N, end, i_first_row,
-                request, block_size, stride_cache_b, stride_cache_t, stride_slots_row,
-                stride_table_r, IS_DENSE, BLOCK_N)
-        else:
-            b_k_nope, b_k_rope, m_n, o_n = _load_key_tile(
-                cache_ptr, slots_ptr, block_table_ptr, tile, end, i_first_row, request,
-                block_size, stride_cache_b, stride_cache_t, stride_slots_row, stride_table_r,
-                IS_DENSE, BLOCK_N)
-        b_k_nope = b_k_nope.to(DOT_DTYPE)
-        b_k_rope = b_k_rope.to(DOT_DTYPE)
-        b_s = tl.dot(b_q_nope, tl.trans(b_k_nope), input_precision="ieee")
+        o_k, m_n, o_n = _key_rows(
+            slots_ptr, block_table_ptr, tile, end, i_first_row, request, block_size,
+            stride_cache_b, stride_cache_t, stride_slots_row, stride_table_r, IS_DENSE, BLOCK_N)
+        p_k = cache_ptr + o_k[:, None]
+        b_k_own = tl.load(p_k + o_v[None, :], mask=m_n[:, None], other=0.0).to(DOT_DTYPE)
+        b_k_rope = tl.load(p_k + o_r[None, :], mask=m_n[:, None], other=0.0).to(DOT_DTYPE)
+        b_s = tl.dot(b_q_own, tl.trans(b_k_own), input_precision="ieee")
+        if VALUE_SPLITS == 2:
+            b_k_other = tl.load(p_k + o_w[None, :], mask=m_n[:, None], other=0.0)
+            b_s = tl.dot(b_q_other, tl.trans(b_k_other.to(DOT_DTYPE)), b_s,
+                         input_precision="ieee")
         if SCORES_VIA_MEMORY:
             # Scaled before the sum: Triton folds dot + add into one chained dot otherwise.
             b_s = b_s * score_scale_log2 + tl.dot(b_q_rope, tl.trans(b_k_rope),
@@ -188,100 +187,19 @@ def sparse_mla_kernel(
             b_p = tl.load(p_tile[:, None] + o_scratch_n[None, :])
             b_alpha = tl.load(p_tile + BLOCK_N)
         b_acc = b_acc * b_alpha[:, None]
-        b_acc = tl.dot(b_p.to(DOT_DTYPE), b_k_nope, b_acc, input_precision="ieee")
+        b_acc = tl.dot(b_p.to(DOT_DTYPE), b_k_own, b_acc, input_precision="ieee")
         b_max = b_new_max
 
     # Normalized (partial) output and natural lse; no valid key: 0 and -inf.
     b_has_keys = b_sum > 0
     b_out = b_acc * (value_scale / tl.where(b_has_keys, b_sum, 1.0))[:, None]
+    p_out = out_ptr + o_row[:, None] * stride_out_row + i_split * stride_out_split
+    tl.store(p_out + o_h[:, None] * stride_out_head + o_v[None, :], b_out, mask=m_m[:, None])
     b_lse = tl.where(b_has_keys, (b_max + tl.log2(tl.where(b_has_keys, b_sum, 1.0)))
                      * 0.6931471805599453, float("-inf"))  # x ln 2: natural log
-    p_out = out_ptr + o_row[:, None] * stride_out_row + i_split * stride_out_split
-    tl.store(p_out + o_h[:, None] * stride_out_head + o_c[None, :], b_out, mask=m_m[:, None])
+    m_lse = m_m & ((o_m * 0 + i_value) == 0)  # the value halves hold the same lse
     tl.store(lse_ptr + o_row * stride_lse_row + o_h * stride_lse_head + i_split, b_lse,
-             mask=m_m)
-
-
-@dataclass(frozen=True)
-class MlaTiles:
-    """How `sparse_mla_kernel` tiles the work: one program = rows_per_program x block_h query
-    vectors over one of num_splits key ranges, block_n keys per step."""
-
-    block_h: int
-    block_n: int
-    rows_per_program: int
-    num_splits: int
-    num_warps: int
-    num_stages: int
-    scores_via_memory: bool = False
-    prefetch_keys: bool = False
-
-
-def choose_tiles(
-    q: torch.Tensor,
-    dot_dtype: torch.dtype,
-    num_groups: int,
-    max_keys: int,
-    rows_per_program: int,
-    num_splits: int | None,
-    block_h: int | None,
-    block_n: int | None,
-    num_warps: int | None,
-    num_stages: int | None,
-    scores_via_memory: bool = False,
-    prefetch_keys: bool = False,
-) -> MlaTiles:
-    """The tile configuration: what the caller fixed, the rest chosen for the target."""
-    num_heads = q.shape[1]
-    is_interpreter = runs_on_interpreter(sparse_mla_kernel)
-    is_hip = not is_interpreter and driver.active.get_current_target().backend == "hip"
-    is_fp32 = dot_dtype == torch.float32
-    if block_h is None:
-        # 64 query vectors per program: the smallest Hopper warpgroup product (wgmma M = 64).
-        # AMD keeps both dot operands in registers (no shared-memory operand), and float32
-        # products run on FMA units with register operands: smaller tiles there. On gfx942 /
-        # gfx950, 16 vectors x 16 keys x 8 warps is the largest tile that compiles without
-        # spills within two waves per SIMD (tests/amd_compile; 32 x 16 spills on gfx942).
-        block_m = 16 if is_interpreter or is_fp32 or is_hip else 64
-        block_h = block_m // rows_per_program
-    # tl.dot needs at least 16 query vectors per program.
-    block_h = max(min(block_h, triton.next_power_of_2(num_heads)), 16 // rows_per_program)
-    num_head_blocks = triton.cdiv(num_heads, block_h)
-    num_programs = num_groups * num_head_blocks
-    if block_n is None:
-        # Measured on an H200 (benchmarks/kernels/bench_sparse_mla.py): 64 keys per step win
-        # with many programs, 32 with few (more splits, shorter chains).
-        is_busy = block_h * rows_per_program >= 64 and num_programs >= 64
-        block_n = 16 if is_interpreter or is_fp32 or is_hip else 64 if is_busy else 32
-    if num_warps is None:
-        num_warps = 8
-    if num_stages is None:
-        num_stages = 1 if is_interpreter or is_fp32 or is_hip else 2
-    if scores_via_memory:
-        num_stages = 1  # a pipelined scratch load would run ahead of the tile's stores
-    num_key_tiles = max(1, triton.cdiv(max_keys, block_n))
-    if num_splits is None:
-        max_splits = triton.cdiv(num_key_tiles, MIN_TILES_PER_SPLIT)
-        num_sms = 1 if is_interpreter else _num_sms(q.device)
-        num_splits = fewest_splits_filling_waves(num_programs, num_sms, max_splits)
-    num_splits = max(1, min(num_splits, num_key_tiles))
-    return MlaTiles(block_h, block_n, rows_per_program, num_splits, num_warps, num_stages,
-                    scores_via_memory, prefetch_keys)
-
-
-def fewest_splits_filling_waves(num_programs: int, num_sms: int, max_splits: int) -> int:
-    """Key splits per program: the fewest (each costs a partial write and the merge) whose
-    waves of programs (one program fills a multiprocessor) keep >= 85% of them busy, else
-    the best filling one up to max_splits."""
-    def busy_fraction(splits: int) -> float:
-        num_waves = triton.cdiv(num_programs * splits, num_sms)
-        return num_programs * splits / (num_waves * num_sms)
-
-    if num_programs == 0:
-        return 1
-    candidates = range(1, max(1, max_splits) + 1)
-    good = [s for s in candidates if busy_fraction(s) >= 0.85]
-    return good[0] if good else max(candidates, key=busy_fraction)
+             mask=m_lse)
 
 
 def check_latent_cache_layout(latent_cache: torch.Tensor) -> None:
@@ -300,6 +218,14 @@ def product_dtype(q: torch.Tensor, latent_cache: torch.Tensor) -> torch.dtype:
             or latent_cache.dtype == torch.float32:
         return torch.float32
     return torch.bfloat16
+
+
+def choose_mla_tiles(q: torch.Tensor, latent_cache: torch.Tensor, num_groups: int,
+                     max_keys: int, rows_per_program: int, **knobs: object) -> MlaTiles:
+    """`choose_tiles` for these inputs; knobs: the launcher's tuning arguments (None: choose)."""
+    return choose_tiles(q, product_dtype(q, latent_cache) == torch.float32,
+                        runs_on_interpreter(sparse_mla_kernel), num_groups, max_keys,
+                        rows_per_program, **knobs)
 
 
 def launch_mla(
@@ -340,13 +266,13 @@ def launch_mla(
     num_head_blocks = triton.cdiv(num_heads, tiles.block_h)
     num_groups = triton.cdiv(num_rows, tiles.rows_per_program)
     dummy = out  # placeholder for pointers the constexpr branch never reads
-    num_programs = num_groups * num_head_blocks * num_splits
+    num_programs = num_groups * num_head_blocks * tiles.value_splits * num_splits
     scratch = dummy
     if tiles.scores_via_memory:
         block_m = tiles.block_h * tiles.rows_per_program
         scratch = torch.empty(num_programs * 2 * block_m * (tiles.block_n + 1),
                               dtype=torch.float32, device=device)
-    sparse_mla_kernel[(num_groups * num_head_blocks, num_splits)](
+    sparse_mla_kernel[(num_groups * num_head_blocks * tiles.value_splits, num_splits)](
         q, latent_cache,
         dummy if is_dense else slots,
         block_table if is_dense else dummy,
@@ -360,9 +286,9 @@ def launch_mla(
         partial_out.stride(0), partial_out.stride(1), partial_out.stride(2),
         partial_lse.stride(0), partial_lse.stride(1),
         IS_DENSE=is_dense, ROWS_PER_PROGRAM=tiles.rows_per_program,
-        BLOCK_H=tiles.block_h, BLOCK_N=tiles.block_n,
+        BLOCK_H=tiles.block_h, BLOCK_N=tiles.block_n, VALUE_SPLITS=tiles.value_splits,
         DOT_DTYPE=tl.float32 if dot_dtype == torch.float32 else tl.bfloat16,
-        SCORES_VIA_MEMORY=tiles.scores_via_memory, PREFETCH_KEYS=tiles.prefetch_keys,
+        SCORES_VIA_MEMORY=tiles.scores_via_memory,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     if num_splits > 1:
@@ -381,18 +307,17 @@ def sparse_mla_triton(
     block_n: int | None = None,
     num_stages: int | None = None,
     num_warps: int | None = None,
-    scores_via_memory: bool = False,
-    prefetch_keys: bool = False,
+    scores_via_memory: bool | None = None,
+    value_splits: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of each row over its selected slots: (out [Nq, H, 512], lse [Nq, H]) fp32.
 
     q [Nq, H, 576] absorbed queries, latent_cache [num_blocks, block_size, 576] (fp8 / bf16 /
     fp32, contiguous last dim), slots [Nq, k] int (-1 masked). Tuning knobs (None: chosen for
-    the target): `num_splits` (key splits per row, default at most one wave of programs),
-    `block_h` (heads per program), `block_n` (keys per step), `num_stages` (software
-    pipelining), `num_warps` and `scores_via_memory` (probabilities through a scratch
-    buffer, see SCORES_VIA_MEMORY; runs one stage) and `prefetch_keys` (the next key tile
-    loaded into registers one step ahead).
+    the target, see mla_tiles.py): `num_splits` (key splits per row), `block_h` (heads per
+    program), `block_n` (keys per step), `num_stages` (software pipelining), `num_warps`,
+    `scores_via_memory` (probabilities through a scratch buffer, see SCORES_VIA_MEMORY; runs
+    one stage) and `value_splits` (1 or 2 programs per query block, see VALUE_SPLITS).
     """
     check_latent_cache_layout(latent_cache)
     if slots.dim() != 2:
@@ -403,15 +328,9 @@ def sparse_mla_triton(
                          f"{list(q.shape)}")
     if slots.stride(-1) != 1:
         slots = slots.contiguous()
-    tiles = choose_tiles(q, product_dtype(q, latent_cache), num_rows, slots.shape[1], 1,
-                         num_splits, block_h, block_n, num_warps, num_stages,
-                         scores_via_memory, prefetch_keys)
+    tiles = choose_mla_tiles(q, latent_cache, num_rows, slots.shape[1], 1,
+                             num_splits=num_splits, block_h=block_h, block_n=block_n,
+                             num_warps=num_warps, num_stages=num_stages,
+                             scores_via_memory=scores_via_memory, value_splits=value_splits)
     return launch_mla(q, latent_cache, latent_scale, softmax_scale, slots, None, None, None,
                       slots.shape[1], tiles)
-
-
-def _num_sms(device: torch.device) -> int:
-    """Multiprocessors of a CUDA / ROCm device; 1 off a GPU (interpreter, compile checks)."""
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count

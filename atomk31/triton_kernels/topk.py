@@ -1,4 +1,4 @@
-"""Exact top-k of indexer scores in Triton: three launches, the scores read twice.
+"""Exact top-k of indexer scores in Triton: five launches, the scores read twice.
 
 Contract: `atomk31.ops.topk` (`topk_positions`, and `topk_slots` = positions_to_slots of it):
 the k best positions of each row, higher score first, equal scores -> lower position (§4.6,
@@ -6,12 +6,14 @@ the k best positions of each row, higher score first, equal scores -> lower posi
 
 Stages (kernels in topk_collect.py and topk_finish.py):
   1. topk_group_max_kernel: per-chunk maxima of NUM_GROUPS strided groups of each row;
-  2. topk_collect_kernel: T0, the need-th largest group maximum, and the keys >= T0 into a
-     per-row candidate buffer (about 1.4 k of them for scores in random order);
-  3. topk_finish_kernel: one program per row sorts its candidates by (key, lower position)
-     and writes the first need as positions or cache slots; a row whose candidates overflow
-     the buffer (many equal scores) rescans its row instead.
-No host synchronisation and no memset: stage 1 zeroes the counters stage 2 uses, and all
+  2. topk_threshold_kernel (one program per row): T0, the need-th largest group maximum;
+  3. topk_collect_kernel: a streaming filter, the keys >= T0 into a per-row candidate buffer
+     (about 1.4 k of them for scores in random order);
+  4. topk_overflow_kernel: a row whose candidates overflow the buffer (many equal scores)
+     rescans its row for its need best; other rows return at once;
+  5. topk_finish_kernel (`finish_split` programs per row): each ranks one slice of the
+     output, sorting only its own candidates, and writes positions or cache slots.
+No host synchronisation and no memset: stage 1 zeroes the counters stage 3 uses, and all
 workspaces share one allocation.
 """
 
@@ -23,15 +25,18 @@ import triton
 from atomk31.triton_kernels.runtime import runs_on_interpreter
 from atomk31.triton_kernels.topk_collect import (
     chunking,
+    histogram_bins,
     num_groups_for,
     topk_collect_kernel,
     topk_group_max_kernel,
+    topk_threshold_kernel,
 )
-from atomk31.triton_kernels.topk_finish import topk_finish_kernel
+from atomk31.triton_kernels.topk_finish import topk_finish_kernel, topk_overflow_kernel
 
-MAX_K = 4096  # the final sort holds 2 k candidates of a row in one program
+MAX_K = 4096  # the candidate buffer of a row (2 k) is held in one program
 BLOCK = 4096  # positions per tile of the collect and of the overflow rescan
 WORKSPACE_ALIGN = 64  # int32 elements: each workspace part starts 256-byte aligned
+MIN_SLICE = 16  # output ranks per finish program, at least
 
 
 def topk_triton(
@@ -43,18 +48,24 @@ def topk_triton(
     block_size: int = 1,
     programs_per_row: int | None = None,
     capacity_factor: int = 2,
-    collect_warps: int = 8,
-    finish_warps: int = 8,
-    stages: int = 3,
+    collect_warps: int | None = None,
+    finish_warps: int = 16,
+    finish_split: int = 8,
+    search_ways: int = 16,
+    stages: int = 5,
 ) -> torch.Tensor:
     """Positions [Nq, k] int32 of each row's k best scores (or their cache slots when
     block_table [N, max_blocks] and row_request [Nq] are given), best first, -1 padded.
 
     scores [Nq, L] fp32 (no NaN), lengths [Nq] in [0, L]; k <= MAX_K. Tuning:
-    `programs_per_row` (default: about 4 programs per multiprocessor over all rows),
-    `capacity_factor` (candidate buffer = that many times the padded k, a power of two),
-    `collect_warps` / `finish_warps` (warps of stages 1-2 / 3). `stages` < 3 launches only
-    the first stages (for timing them; the output is then not written).
+    `programs_per_row` (stages 1 and 3; default: about 2 programs per multiprocessor over all
+    rows), `capacity_factor` (candidate buffer = that many times the padded k, a power of two),
+    `collect_warps` (stages 1 and 3; default 4 on NVIDIA, faster on the H200 in round 1, else
+    8: gfx942 spills scalar registers at 4), `finish_warps` (stages 2, 4 and 5: 16 holds the
+    finish under 128 registers on the H200), `finish_split` (programs per row of the finish,
+    a power of two), `search_ways` (bins per round of the threshold searches, a power of
+    two). `stages` < 5 launches only the first stages (for timing them; the output is then
+    not written).
     """
     if scores.dim() != 2 or scores.dtype != torch.float32:
         raise ValueError(f"scores must be [Nq, L] float32, got {list(scores.shape)} "
@@ -72,6 +83,9 @@ def topk_triton(
         raise ValueError(f"block_size must be a power of two, got {block_size}")
     if capacity_factor not in (1, 2, 4):
         raise ValueError(f"capacity_factor must be 1, 2 or 4, got {capacity_factor}")
+    for name, value in (("finish_split", finish_split), ("search_ways", search_ways)):
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"{name} must be a power of two >= 1, got {value}")
     out = torch.empty(num_rows, k, dtype=torch.int32, device=scores.device)
     if num_rows == 0 or k == 0:
         return out
@@ -79,19 +93,28 @@ def topk_triton(
         scores = scores.contiguous()
     is_interpreter = runs_on_interpreter(topk_finish_kernel)  # TRITON_INTERPRET=1
     block = 64 if is_interpreter else BLOCK
-    k_pad = max(16, triton.next_power_of_2(k))
+    k_pad = max(MIN_SLICE, triton.next_power_of_2(k))
     num_groups = num_groups_for(k_pad)
     capacity = capacity_factor * k_pad
+    slice_size = max(MIN_SLICE, k_pad // finish_split)
+    num_slices = k_pad // slice_size
+    ways = max(2, search_ways)
+    if collect_warps is None:
+        is_nvidia = scores.device.type == "cuda" and torch.version.hip is None
+        collect_warps = 4 if is_nvidia else 8
     if programs_per_row is None:
-        num_programs_wanted = 1 if is_interpreter else 4 * _num_sms(scores.device)
+        num_programs_wanted = 1 if is_interpreter else 2 * _num_sms(scores.device)
         programs_per_row = triton.cdiv(num_programs_wanted, num_rows)
     chunk_size, num_chunks = chunking(num_positions, num_groups, programs_per_row)
 
+    # int32 parts; the last one holds int64 finish scratch (2 int32 per entry).
     sizes = [num_rows * num_chunks * num_groups, num_rows, num_rows, num_rows * capacity,
-             num_rows * capacity]
+             num_rows * capacity, 2 * num_rows * k_pad]
     sizes = [triton.cdiv(size, WORKSPACE_ALIGN) * WORKSPACE_ALIGN for size in sizes]
     workspace = torch.empty(sum(sizes), dtype=torch.int32, device=scores.device)
-    partial_max, counter, threshold, candidate_pos, candidate_key = torch.split(workspace, sizes)
+    partial_max, counter, threshold, candidate_pos, candidate_key, selected = torch.split(
+        workspace, sizes)
+    selected = selected.view(torch.int64)
 
     grid = (num_rows, num_chunks)
     topk_group_max_kernel[grid](
@@ -99,21 +122,32 @@ def topk_triton(
         NUM_GROUPS=num_groups, num_warps=collect_warps)
     if stages < 2:
         return out
-    topk_collect_kernel[grid](
-        scores, lengths, partial_max, counter, threshold, candidate_pos, candidate_key,
-        k, chunk_size, num_chunks, scores.stride(0), capacity,
-        NUM_GROUPS=num_groups, BLOCK=block, num_warps=collect_warps)
+    topk_threshold_kernel[(num_rows,)](
+        partial_max, lengths, threshold, k, num_chunks,
+        NUM_GROUPS=num_groups, WAYS=ways, BINS=histogram_bins(ways),
+        num_warps=finish_warps)
     if stages < 3:
+        return out
+    topk_collect_kernel[grid](
+        scores, lengths, counter, threshold, candidate_pos, candidate_key,
+        chunk_size, scores.stride(0), capacity, BLOCK=block, num_warps=collect_warps)
+    if stages < 4:
+        return out
+    topk_overflow_kernel[(num_rows,)](
+        scores, lengths, counter, threshold, candidate_pos, candidate_key, k, scores.stride(0),
+        CAPACITY=capacity, BLOCK=block, num_warps=finish_warps)
+    if stages < 5:
         return out
     if write_slots:
         table, requests, max_blocks = block_table, row_request, block_table.shape[1]
     else:
         table, requests, max_blocks = lengths, lengths, 0  # unused placeholders
-    topk_finish_kernel[(num_rows,)](
-        scores, lengths, counter, threshold, candidate_pos, candidate_key, table, requests, out,
-        k, scores.stride(0), max_blocks, block_size.bit_length() - 1,
-        table.stride(0) if write_slots else 0,
-        CAPACITY=capacity, WRITE_SLOTS=write_slots, BLOCK=block, num_warps=finish_warps)
+    topk_finish_kernel[(num_rows, num_slices)](
+        lengths, counter, candidate_pos, candidate_key, selected, table, requests, out,
+        k, max_blocks, block_size.bit_length() - 1, table.stride(0) if write_slots else 0,
+        CAPACITY=capacity, SLICE=slice_size, WAYS=ways, BINS=histogram_bins(ways),
+        WRITE_SLOTS=write_slots,
+        num_warps=finish_warps)
     return out
 
 

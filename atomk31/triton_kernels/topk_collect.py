@@ -1,4 +1,4 @@
-"""Top-k stages 1 and 2: strided group maxima, then the candidates at or above a threshold.
+"""Top-k stages 1 and 2: strided group maxima, the threshold T0, the candidates >= T0.
 
 Scores become int32 keys that order like the floats (signed comparison). A row's positions
 fall into NUM_GROUPS strided groups, group g = {p : p % NUM_GROUPS == g}. With NUM_GROUPS >=
@@ -9,9 +9,10 @@ fills >= need groups) and for scores that rise or fall with the position.
 
   1. topk_group_max_kernel: several programs per row; each keeps a running maximum per group
      over its chunk in registers (no reductions, no atomics) and writes it out;
-  2. topk_collect_kernel: each program merges its row's per-chunk maxima, bisects them for T0
-     (the same T0 in every program of the row) and appends the positions and keys >= T0 of its
-     chunk to the row's candidate buffer, one atomic add per tile to reserve room.
+  1b. topk_threshold_kernel: one program per row merges the per-chunk maxima and finds T0
+     once (a many-way search: few dependent block reductions, see kth_largest_key);
+  2. topk_collect_kernel: the programs of a row stream their chunks and append the positions
+     and keys >= T0 to the row's candidate buffer, one atomic add per tile to reserve room.
 """
 
 import triton
@@ -40,19 +41,38 @@ def load_tile(p_row, o_s, m_s, is_full):
 
 
 @triton.jit
-def kth_largest_key(b_key, need):
-    """The largest x with count(b_key >= x) >= need (KEY_NONE when need exceeds the keys)."""
-    biased = b_key.to(tl.int64) + 2147483648  # in [0, 2^32): bisection on non-negatives
-    low = tl.zeros((), tl.int64)
-    high = tl.full((), 4294967296, tl.int64)
+def kth_largest_key(b_key, need, low, WAYS: tl.constexpr, BINS: tl.constexpr):
+    """The largest x with count(b_key >= x) >= need, given a `low` with count(b_key >= low)
+    >= need (the smallest key of interest: the closer, the fewer rounds).
+
+    A WAYS-way search: each round splits the interval into WAYS bins of 2^shift keys, counts
+    the keys per bin with one histogram and keeps the bin that holds the answer, so a range
+    of 2^n keys takes n / log2(WAYS) rounds (a bisection's 32 dependent block reductions were
+    the cost of round 1's stage 2), and no [keys, WAYS] comparison is held in registers.
+    """
+    # Invariant: count(b_key >= low) >= need > count(b_key >= high). int64 bounds: the
+    # interval can be 2^32 wide.
+    low = low.to(tl.int64)
+    high = tl.max(b_key, 0).to(tl.int64) + 1
+    # Bin j in 1..WAYS holds the keys in [edge_j, edge_j + 2^shift), edge_j = low + (j - 1)
+    # 2^shift, bin WAYS also those above; bin 0 the keys below low. BINS >= WAYS + 1, a
+    # multiple of the warp size (tl.histogram's lowering needs that; 64 lanes on AMD).
+    o_bin = tl.arange(0, BINS)
+    is_edge = (o_bin >= 1) & (o_bin <= WAYS)
     while high - low > 1:
-        middle = (low + high) // 2
-        count = tl.sum((biased >= middle).to(tl.int32))
-        if count >= need:
-            low = middle
-        else:
-            high = middle
-    return (low - 2147483648).to(tl.int32)
+        shift = tl.zeros((), tl.int64)  # the smallest with WAYS 2^shift >= high - low
+        while (tl.full((), WAYS, tl.int64) << shift) < high - low:
+            shift += 1
+        bucket = (b_key.to(tl.int64) - low) >> shift
+        bucket = tl.minimum(tl.maximum(bucket, -1), WAYS - 1) + 1
+        histogram = tl.histogram(bucket.to(tl.int32), BINS)
+        count = tl.sum(histogram, 0) - tl.cumsum(histogram, 0) + histogram  # keys >= edge
+        edge = low + ((o_bin - 1).to(tl.int64) << shift)
+        is_enough = is_edge & (count >= need)
+        low_next = tl.max(tl.where(is_enough, edge, low), 0)
+        high = tl.min(tl.where(is_edge & (count < need), edge, high), 0)
+        low = low_next
+    return low.to(tl.int32)
 
 
 @triton.jit
@@ -87,31 +107,43 @@ def topk_group_max_kernel(
 
 
 @triton.jit
-def topk_collect_kernel(
+def topk_threshold_kernel(
     # pointers
-    scores_ptr, lengths_ptr, partial_max_ptr, counter_ptr, threshold_ptr,
-    candidate_pos_ptr, candidate_key_ptr,
-    # sizes and strides
-    k, chunk_size, num_chunks, stride_scores_row, candidate_capacity,
+    partial_max_ptr, lengths_ptr, threshold_ptr,
+    # sizes
+    k, num_chunks,
     # meta-parameters
-    NUM_GROUPS: tl.constexpr, BLOCK: tl.constexpr,
+    NUM_GROUPS: tl.constexpr, WAYS: tl.constexpr, BINS: tl.constexpr,
 ):
-    """Positions and keys >= T0 of the chunk -> the row's candidate buffer (in any order);
-    counter[row] ends as the row's number of candidates (it may exceed the capacity: then
-    only the first `candidate_capacity` are stored) and threshold[row] = T0."""
+    """threshold[row] = T0, the need-th largest group maximum of the row."""
     i_row = tl.program_id(0)
-    i_chunk = tl.program_id(1)
     length = tl.load(lengths_ptr + i_row).to(tl.int32)
-    need = tl.minimum(k, length)
+    need = tl.maximum(tl.minimum(k, length), 1)  # an empty row collects nothing anyway
     o_g = tl.arange(0, NUM_GROUPS)
     p_partial = partial_max_ptr + i_row.to(tl.int64) * num_chunks * NUM_GROUPS
     b_max = tl.full((NUM_GROUPS,), KEY_NONE, tl.int32)
     for i_part in range(0, num_chunks):
         b_max = tl.maximum(b_max, tl.load(p_partial + i_part * NUM_GROUPS + o_g))
-    threshold = kth_largest_key(b_max, need)
-    if i_chunk == 0:
-        tl.store(threshold_ptr + i_row, threshold)
+    tl.store(threshold_ptr + i_row, kth_largest_key(b_max, need, tl.min(b_max, 0), WAYS,
+                                                   BINS))
 
+
+@triton.jit
+def topk_collect_kernel(
+    # pointers
+    scores_ptr, lengths_ptr, counter_ptr, threshold_ptr, candidate_pos_ptr, candidate_key_ptr,
+    # sizes and strides
+    chunk_size, stride_scores_row, candidate_capacity,
+    # meta-parameters
+    BLOCK: tl.constexpr,
+):
+    """Positions and keys >= T0 of the chunk -> the row's candidate buffer (in any order);
+    counter[row] ends as the row's number of candidates (it may exceed the capacity: then
+    only the first `candidate_capacity` are stored)."""
+    i_row = tl.program_id(0)
+    i_chunk = tl.program_id(1)
+    length = tl.load(lengths_ptr + i_row).to(tl.int32)
+    threshold = tl.load(threshold_ptr + i_row)
     p_row = scores_ptr + i_row.to(tl.int64) * stride_scores_row
     p_counter = counter_ptr + i_row
     o_row_buffer = i_row.to(tl.int64) * candidate_capacity
@@ -129,6 +161,12 @@ def topk_collect_kernel(
             m_out = is_candidate & (o_out < candidate_capacity)
             tl.store(candidate_pos_ptr + o_row_buffer + o_out, o_s, mask=m_out)
             tl.store(candidate_key_ptr + o_row_buffer + o_out, key, mask=m_out)
+
+
+def histogram_bins(ways: int) -> int:
+    """Bins of kth_largest_key's histogram: WAYS + 1 used, padded to a power of two that is a
+    multiple of every warp size (32 on NVIDIA, 64 on AMD)."""
+    return max(64, 2 * ways)
 
 
 def num_groups_for(k_pad: int) -> int:

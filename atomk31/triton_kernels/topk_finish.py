@@ -1,21 +1,30 @@
-"""Top-k stage 3: one program per row ranks its candidates and writes positions or slots.
+"""Top-k stage 3: the candidates of a row ranked and written as positions or cache slots.
 
 Usual case (the row's candidates fit the buffer): every candidate is >= T0 and every position
-outside the buffer is below T0, so sorting the buffer by (key, lower position first) and
-keeping the first `need` is the exact answer (§4.6, §8 #6). No threshold search is needed.
+outside the buffer is below T0, so the candidates ranked by (higher key, then lower position)
+start with the row's answer (§4.6, §8 #6).
 
-Overflow (more candidates than the buffer holds: many equal scores, e.g. all equal or a -inf
-tail; or group maxima that say little): the program rescans its row. It finds the cut key T,
-the need-th largest key (T = T0 at once when fewer than need keys exceed T0, the tied case;
-else by bisection over the row, slow but exact), then collects the keys > T and the lowest
-positions with key == T in position order, stopping once it has `need`, into the buffer, and
-ranks those as above.
+  3a. topk_overflow_kernel, one program per row, for the rare row whose candidates overflowed
+     the buffer (many equal scores, e.g. all equal or a -inf tail; or group maxima that say
+     little): it rescans the row for the cut key T, the need-th largest key (T = T0 at once
+     when fewer than need keys exceed T0, the tied case; else by bisection over the row, slow
+     but exact), and writes the keys > T and the lowest positions with key == T, `need` of
+     them, into the buffer. Other rows return at once.
+  3b. topk_finish_kernel, SPLIT programs per row: program s owns the ranks [s R, (s + 1) R).
+     It finds the candidates at its two boundary ranks by a many-way search on the keys
+     (then on the positions among equal keys), keeps the R candidates between them, sorts
+     only those and writes its slice of the output.
 """
 
 import triton
 import triton.language as tl
 
-from atomk31.triton_kernels.topk_collect import load_tile, orderable_key
+from atomk31.triton_kernels.topk_collect import (
+    KEY_NONE,
+    kth_largest_key,
+    load_tile,
+    orderable_key,
+)
 
 
 @triton.jit
@@ -72,46 +81,107 @@ def collect_best_of_row(p_row, p_pos, p_key, length, need, threshold, BLOCK: tl.
 
 
 @triton.jit
-def topk_finish_kernel(
+def topk_overflow_kernel(
     # pointers
     scores_ptr, lengths_ptr, counter_ptr, threshold_ptr, candidate_pos_ptr, candidate_key_ptr,
+    # sizes and strides
+    k, stride_scores_row,
+    # meta-parameters
+    CAPACITY: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """A row with more candidates than the buffer holds: its need best into the buffer, and
+    counter[row] = need."""
+    i_row = tl.program_id(0)
+    if tl.load(counter_ptr + i_row) > CAPACITY:
+        length = tl.load(lengths_ptr + i_row).to(tl.int32)
+        need = tl.minimum(k, length)
+        p_row = scores_ptr + i_row.to(tl.int64) * stride_scores_row
+        collect_best_of_row(p_row, candidate_pos_ptr + i_row.to(tl.int64) * CAPACITY,
+                            candidate_key_ptr + i_row.to(tl.int64) * CAPACITY, length, need,
+                            tl.load(threshold_ptr + i_row), BLOCK)
+        tl.store(counter_ptr + i_row, need)
+
+
+@triton.jit
+def candidate_at_rank(key, position, is_valid, key_low, rank, WAYS: tl.constexpr,
+                      BINS: tl.constexpr):
+    """(key, position) of the candidate of 0-based `rank` in the order higher key first, then
+    lower position; rank < the number of valid candidates (invalid ones hold KEY_NONE), whose
+    smallest key is key_low."""
+    key_at = kth_largest_key(key, rank + 1, key_low, WAYS, BINS)
+    num_above = tl.sum((key > key_at).to(tl.int32))
+    is_tie = is_valid & (key == key_at)
+    num_ties = tl.sum(is_tie.to(tl.int32))
+    if num_ties == 1:  # distinct keys, the usual case: no second search
+        position_at = tl.max(tl.where(is_tie, position, -1))
+    else:  # the (rank - num_above)-th lowest tied position: the largest of the negated ones
+        negated = tl.where(is_tie, -position, KEY_NONE)
+        negated_low = tl.min(tl.where(is_tie, -position, 0))  # -(the highest tied position)
+        position_at = -kth_largest_key(negated, rank - num_above + 1, negated_low, WAYS,
+                                       BINS)
+    return key_at, position_at
+
+
+@triton.jit
+def topk_finish_kernel(
+    # pointers
+    lengths_ptr, counter_ptr, candidate_pos_ptr, candidate_key_ptr, selected_ptr,
     block_table_ptr, row_request_ptr, out_ptr,
     # sizes and strides
-    k, stride_scores_row, max_blocks, block_shift, stride_table_row,
+    k, max_blocks, block_shift, stride_table_row,
     # meta-parameters
     CAPACITY: tl.constexpr,  # candidates per row in the buffer, a power of two >= k
-    WRITE_SLOTS: tl.constexpr, BLOCK: tl.constexpr,
+    SLICE: tl.constexpr,  # output ranks per program, a power of two
+    WAYS: tl.constexpr, BINS: tl.constexpr, WRITE_SLOTS: tl.constexpr,
 ):
     i_row = tl.program_id(0)
+    i_slice = tl.program_id(1)
     length = tl.load(lengths_ptr + i_row).to(tl.int32)
     need = tl.minimum(k, length)
-    p_pos = candidate_pos_ptr + i_row.to(tl.int64) * CAPACITY
-    p_key = candidate_key_ptr + i_row.to(tl.int64) * CAPACITY
-    num_candidates = tl.load(counter_ptr + i_row)
-    if num_candidates > CAPACITY:
-        p_row = scores_ptr + i_row.to(tl.int64) * stride_scores_row
-        collect_best_of_row(p_row, p_pos, p_key, length, need, tl.load(threshold_ptr + i_row),
-                            BLOCK)
-        num_candidates = need
-        tl.debug_barrier()  # the buffer written above is read back by other threads below
-
-    # Rank by (key, lower position first) in one int64: position < 2^31.
+    num_candidates = tl.load(counter_ptr + i_row)  # <= CAPACITY after topk_overflow_kernel
     o_c = tl.arange(0, CAPACITY)
     m_c = o_c < num_candidates
-    position = tl.load(p_pos + o_c, mask=m_c, other=0)
-    key = tl.load(p_key + o_c, mask=m_c, other=0)
+    position = tl.load(candidate_pos_ptr + i_row.to(tl.int64) * CAPACITY + o_c, mask=m_c,
+                       other=0)
+    key = tl.load(candidate_key_ptr + i_row.to(tl.int64) * CAPACITY + o_c, mask=m_c,
+                  other=KEY_NONE)
+    # This program's ranks [first, last): the candidates at or after rank `first` and
+    # before rank `last`.
+    first = i_slice * SLICE
+    last = tl.minimum(first + SLICE, need)
+    is_chosen = o_c < tl.where(first < last, num_candidates, 0)  # none past the row's need
+    if first < last:
+        key_low = tl.min(tl.where(m_c, key, 2147483647))
+        if first > 0:
+            key_first, position_first = candidate_at_rank(
+                key, position, m_c, key_low, first, WAYS, BINS)
+            is_chosen = is_chosen & ((key < key_first)
+                                     | ((key == key_first) & (position >= position_first)))
+        if last < num_candidates:
+            key_last, position_last = candidate_at_rank(
+                key, position, m_c, key_low, last, WAYS, BINS)
+            is_chosen = is_chosen & ((key > key_last)
+                                     | ((key == key_last) & (position < position_last)))
+    # Compact the chosen through this program's scratch slice, then sort them by
+    # (key, lower position first) in one int64: position < 2^31.
     composite = (key.to(tl.int64) << 32) | (2147483647 - position).to(tl.int64)
-    composite = tl.where(m_c, composite, tl.full((CAPACITY,), -9223372036854775808, tl.int64))
+    p_selected = selected_ptr + (i_row.to(tl.int64) * tl.num_programs(1) + i_slice) * SLICE
+    o_out = tl.cumsum(is_chosen.to(tl.int32), 0) - 1
+    tl.store(p_selected + o_out, composite, mask=is_chosen & (o_out < SLICE))  # <= SLICE chosen
+    tl.debug_barrier()  # the slice written above is read back by other threads below
+    o_r = tl.arange(0, SLICE)
+    m_r = o_r < last - first
+    composite = tl.load(p_selected + o_r, mask=m_r, other=-9223372036854775808)
     composite = tl.sort(composite, 0, descending=True)
-    position = (2147483647 - (composite & 2147483647)).to(tl.int32)
-    out = tl.where(o_c < need, position, -1)
+    out = tl.where(m_r, (2147483647 - (composite & 2147483647)).to(tl.int32), -1)
     if WRITE_SLOTS:
         # block_size = 2^block_shift: shifts, not divisions by a run-time value.
         p_request = row_request_ptr + i_row  # a vector load: frees scalar registers (AMD)
-        request = tl.load(p_request + tl.zeros_like(o_c)).to(tl.int64)
+        request = tl.load(p_request + tl.zeros_like(o_r)).to(tl.int64)
         column = out >> block_shift
         block = tl.load(block_table_ptr + request * stride_table_row + column,
                         mask=(out >= 0) & (column < max_blocks), other=-1)
         offset = out & ((1 << block_shift) - 1)
         out = tl.where(block >= 0, (block << block_shift) + offset, -1)
-    tl.store(out_ptr + i_row.to(tl.int64) * k + o_c, out, mask=o_c < k)  # out: [Nq, k]
+    o_col = first + o_r
+    tl.store(out_ptr + i_row.to(tl.int64) * k + o_col, out, mask=o_col < k)  # out: [Nq, k]

@@ -15,7 +15,17 @@ on the same keys dequantized to bf16 and gathered contiguous beforehand (untimed
 rows query vectors of a request as the queries of one head (MQA), unmasked.
 
 Floors on an H200 (~750 TFLOP/s, ~4.25 TB/s), 16 requests: 16K 1 row 54.8 GFLOP = 73 us,
-151 MB = 36 us; 128K 1 row 438 GFLOP = 0.58 ms, 1.21 GB = 0.28 ms; 4 rows 4x the FLOP.
+151 MB = 36 us; 128K 1 row 438 GFLOP = 0.58 ms, 1.21 GB = 0.28 ms; 4 rows 4x the FLOP
+(0.29 ms and 2.3 ms), the same bytes.
+
+Every call passes the host-side hints the engine passes (max_position, rows_per_request):
+the launcher no longer reads the device, which round 1's timings included (a sync per call).
+Round 1 (fraction of the GEMM rate): 1 row g1_bh64_bn128_w8_s1 12.3% (16K) / 16.1% (128K),
+now the default; 4 rows g4_bh16_bn64_w8_s2 18.7% / 21.2% (the default). Predictions for
+round 2: defaults as round 1 or slightly better (no sync); vs2 on one warpgroup (w4) 15-20%
+at 1 row; g4_bh32_vs2 (4 rows x 32 heads = 128 vectors, no padding, each warpgroup its own
+64 vectors over half the values) ~ g4_bh16 (the same products per warpgroup, the keys read
+twice instead of six times); sp8 at 1 row (two waves) about equal to the default.
 
 Usage: python -m benchmarks.kernels.bench_dense_mla [--out DIR] [--contexts 16384 131072]
 """
@@ -39,19 +49,18 @@ DEVICE = "cuda"  # the benchmarks time GPU kernels
 SOFTMAX_SCALE = 192**-0.5
 CONTEXTS = [16384, 131072]
 ROWS_PER_REQUEST = [1, 4]
-# (rows per program, heads, keys per step, warps, stages, splits or None, scores via memory,
-# prefetch keys) per rows/request; None: the launcher's choice. g1_bh64 is the previous kernel
-# (96 heads padded to 128); g4_bh16 / g2_bh32 read a request's keys once for 64 query vectors,
-# no padding; "vm": probabilities through a scratch buffer, so that the score product is not
-# run by both warpgroups; "pf": next key tile prefetched into registers (see
-# bench_sparse_mla.py).
+# (rows per request passed as the hint (1: none), heads, keys per step, warps, stages, splits
+# or None, scores via memory, value splits) per rows/request; None: the launcher's choice.
+# The first of each list is round 1's best; "vs2": two programs per query block, each owning
+# half of the value columns (see bench_sparse_mla.py).
 CONFIGS = {
-    1: [(1, 64, 64, 8, 2, None, False, False), (1, 64, 32, 8, 2, None, False, False),
-        (1, 64, 128, 8, 1, None, False, False), (1, 64, 64, 8, 1, None, True, False),
-        (1, 64, 32, 8, 1, None, True, True)],
-    4: [(1, 64, 64, 8, 2, None, False, False), (4, 16, 64, 8, 2, None, False, False),
-        (2, 32, 64, 8, 2, None, False, False), (4, 16, 64, 8, 1, None, True, False),
-        (4, 16, 32, 8, 1, None, True, True)],
+    1: [(1, 64, 128, 8, 1, None, False, 1), (1, 64, 128, 8, 1, 8, False, 1),
+        (1, 64, 64, 4, 1, None, False, 2), (1, 64, 128, 4, 1, None, False, 2),
+        (1, 128, 64, 8, 1, None, False, 2)],
+    4: [(4, 16, 64, 8, 2, None, False, 1), (4, 16, 128, 8, 1, None, False, 1),
+        (2, 32, 64, 8, 2, None, False, 1), (4, 16, 64, 4, 1, None, False, 2),
+        (4, 16, 64, 4, 2, None, False, 2), (4, 32, 64, 8, 1, None, False, 2),
+        (1, 64, 128, 8, 1, None, False, 1)],
 }
 
 
@@ -91,9 +100,9 @@ def sdpa_peer(args: tuple, context: int, rows_per_request: int):
 
 
 def variant_name(config: tuple) -> str:
-    rows, block_h, block_n, num_warps, num_stages, num_splits, via_memory, prefetch = config
+    rows, block_h, block_n, num_warps, num_stages, num_splits, via_memory, value_splits = config
     splits = "" if num_splits is None else f"_sp{num_splits}"
-    flags = ("_vm" if via_memory else "") + ("_pf" if prefetch else "")
+    flags = ("_vm" if via_memory else "") + ("" if value_splits == 1 else f"_vs{value_splits}")
     return f"g{rows}_bh{block_h}_bn{block_n}_w{num_warps}_s{num_stages}{splits}{flags}"
 
 
@@ -105,12 +114,16 @@ def bench_case(context: int, rows_per_request: int, latent: torch.Tensor, copy_b
     flops = 2 * NUM_HEADS * (576 + 512) * num_rows * context
     result = {"context": context, "rows_per_request": rows_per_request, "bytes": num_bytes,
               "flops": flops}
+    hints = {"max_position": context - 1}
     variants = {variant_name(c): (
-        lambda c=c: dense_mla_triton(*args, rows_per_program=c[0], block_h=c[1], block_n=c[2],
-                                     num_warps=c[3], num_stages=c[4], num_splits=c[5],
-                                     scores_via_memory=c[6], prefetch_keys=c[7]))
+        lambda c=c: dense_mla_triton(*args, **hints, rows_per_request=c[0], block_h=c[1],
+                                     block_n=c[2], num_warps=c[3], num_stages=c[4],
+                                     num_splits=c[5], scores_via_memory=c[6],
+                                     value_splits=c[7]))
         for c in CONFIGS[rows_per_request]}
-    variants["default"] = lambda: dense_mla_triton(*args)
+    # What the engine passes: the longest position and the rows per request.
+    variants["default"] = lambda: dense_mla_triton(*args, **hints,
+                                                   rows_per_request=rows_per_request)
     want = None
     if context == min(CONTEXTS):
         variants["torch"] = lambda: dense_mla_torch(*args)
@@ -154,6 +167,13 @@ def print_table(results: list[dict]) -> None:
             print(f"{head} {v['ms']:9.3f} {v['bandwidth_fraction']:6.1%} "
                   f"{v['matmul_fraction']:8.1%} {v.get('speedup_vs_sdpa', 0):7.2f} "
                   f"{'' if error is None else f'{error:8.1e}'}")
+    for r in results:
+        timed = {name: v["ms"] for name, v in r.items() if isinstance(v, dict) and "ms" in v
+                 and name not in ("torch", "sdpa_bf16")}
+        best = min(timed, key=timed.get)
+        print(f"{r['rows_per_request']} {r['context']:>7} best {best} "
+              f"{r[best]['matmul_fraction']:.1%} of GEMM "
+              f"(default {r['default'].get('matmul_fraction', 0):.1%})")
 
 
 def main() -> None:
@@ -170,9 +190,9 @@ def main() -> None:
         "shape": f"{NUM_REQUESTS} requests, H {NUM_HEADS}, fp8 latent, block {BLOCK_SIZE}",
         "copy_bandwidth_Bps": copy_bw, "bf16_matmul_flops": matmul_rate, "results": results},
         out_dir=args.out)
+    print(f"wrote {path}")
     print(f"copy {copy_bw / 1e12:.2f} TB/s, bf16 GEMM {matmul_rate / 1e12:.0f} TFLOP/s")
     print_table(results)
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

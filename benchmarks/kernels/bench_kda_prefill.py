@@ -10,7 +10,9 @@ the fraction of the measured limits: the fewest bytes (inputs read once, o and t
 written once) over the copy bandwidth, and the chunked form's matrix FLOPs over the BF16
 matrix rate. Correctness: on the 8K case every variant's o and final state are compared with
 the torch op (fp32, on the same BF16 inputs), as the max-abs error over the max-abs value.
-Stage times (stage 1 intra, stage 2 state, stage 3 output) are of the default variant.
+Stage times: stage 1 of every variant ("1a": the scores + solve kernel of the two-kernel
+ones, whose "1" is both kernels; on the other cases the first two variants only), stages 2
+(state) and 3 (output) of the default.
 
 Run: python -m benchmarks.kernels.bench_kda_prefill --quick [--out DIR]
 """
@@ -31,19 +33,19 @@ CHECK_TOLERANCE = 1e-2      # as the GPU test of BF16 inputs: BF16 intermediates
 
 
 def variants() -> dict[str, object]:
-    """Design variants: output fused into the sequential stage 2 (the old design) or in the
-    chunk-parallel stage 3; TF32 or BF16 products in stages 2-3; stage-2 and stage-1 tiles."""
+    """Design variants of stage 1 (the others stay at the launchers' defaults: output in the
+    chunk-parallel stage 3, BF16 products in stages 2-3, 64 value channels per stage-2 program):
+    round 1's single kernel (the default), and the two-kernel split (scores + solve, then gated
+    rows + w/u) with its slice widths and warps."""
     from atomk31.triton_kernels.kda_prefill_tuning import KdaPrefillTuning as T
 
     return {
-        "fused tf32 (old)": T(split_output=False, bf16_products=False),
-        "fused bf16": T(split_output=False),
-        "split bf16 (default)": T(),
-        "split bf16 bv16": T(block_v=16),
-        "split bf16 bv64": T(block_v=64),
-        "split bf16 w2 st3": T(num_warps=2, num_stages=3),
-        "split bf16 intra8w": T(intra_num_warps=8),
-        "split bf16 intra-cached": T(intra_cache_right=True),
+        "1-kernel bv64 (default, r1)": T(),
+        "2-kernel bk32 w2": T(intra_split=True),
+        "2k scores bk64 w4": T(intra_split=True, scores_block_k=64, scores_num_warps=4),
+        "2k scores bk32 w4": T(intra_split=True, scores_num_warps=4),
+        "2k scores bk16 w2": T(intra_split=True, scores_block_k=16),
+        "2k gated w8": T(intra_split=True, gated_num_warps=8),
     }
 
 
@@ -84,12 +86,14 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual.float() - expected).abs().max() / expected.abs().max())
 
 
-def stage_times(x: dict[str, torch.Tensor], scale: float) -> dict[str, float]:
-    """Milliseconds of each stage of the default variant, launched as kda_prefill_triton
-    does."""
-    from atomk31.triton_kernels.kda_prefill import plan_chunks
-    from atomk31.triton_kernels.kda_prefill_intra import kda_prefill_intra
+def stage_times(x: dict[str, torch.Tensor], scale: float,
+                every_variant: bool) -> dict[str, float]:
+    """Milliseconds of stage 1 of every variant (or of the first two, round 1's default and
+    the two-kernel one), and of the scores + solve kernel of the two-kernel ones; then of stages 2 and 3
+    of the default; all launched as kda_prefill_triton does."""
+    from atomk31.triton_kernels.kda_prefill import plan_chunks, run_intra
     from atomk31.triton_kernels.kda_prefill_output import kda_prefill_output
+    from atomk31.triton_kernels.kda_prefill_scores import kda_prefill_scores
     from atomk31.triton_kernels.kda_prefill_state import kda_prefill_state
     from atomk31.triton_kernels.kda_prefill_tuning import KdaPrefillTuning
 
@@ -97,17 +101,22 @@ def stage_times(x: dict[str, torch.Tensor], scale: float) -> dict[str, float]:
     device = x["q"].device
     table = {name: torch.tensor(values, dtype=torch.int32, device=device)
              for name, values in plan.items() if name != "copies"}
+    inputs = (x["q"], x["k"], x["v"], x["g"], x["beta"], table["chunk_start"],
+              table["chunk_len"], scale, torch.bfloat16)
+    times: dict[str, float] = {}
+    scores_timed = set()
+    for name, tuning in list(variants().items())[:None if every_variant else 2]:
+        times[f"1 {name}"] = time_ms(lambda tuning=tuning: run_intra(*inputs, tuning))
+        scores_config = (tuning.scores_block_k, tuning.scores_num_warps)
+        if tuning.intra_split and scores_config not in scores_timed:
+            scores_timed.add(scores_config)
+            times[f"1a {name}"] = time_ms(lambda tuning=tuning: kda_prefill_scores(
+                x["q"], x["k"], x["g"], x["beta"], table["chunk_start"], table["chunk_len"],
+                scale, tuning.scores_block_k, tuning.scores_num_warps))
     tuning = KdaPrefillTuning()
+    stage1 = run_intra(*inputs, tuning)
     o = torch.empty_like(x["v"])
     snapshots = torch.empty(1, HEADS, HEAD_DIM, HEAD_DIM, device=device)
-
-    def intra() -> dict[str, torch.Tensor]:
-        return kda_prefill_intra(x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                 table["chunk_start"], table["chunk_len"], scale,
-                                 torch.bfloat16, tuning.intra_num_warps,
-                                 tuning.intra_cache_right)
-
-    stage1 = intra()
 
     def state() -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
         return kda_prefill_state(stage1, x["state"], o, snapshots, table["chunk_start"],
@@ -115,10 +124,11 @@ def stage_times(x: dict[str, torch.Tensor], scale: float) -> dict[str, float]:
                                  table["request_chunks"], tuning)
 
     _, stage2 = state()
-    return {"intra": time_ms(intra), "state": time_ms(state),
-            "output": time_ms(lambda: kda_prefill_output(
-                stage1, stage2, o, table["chunk_start"], table["chunk_len"],
-                tuning.bf16_products, tuning.output_block_v))}
+    times["2 state"] = time_ms(state)
+    times["3 output"] = time_ms(lambda: kda_prefill_output(
+        stage1, stage2, o, table["chunk_start"], table["chunk_len"], tuning.bf16_products,
+        tuning.output_block_v))
+    return times
 
 
 def run(cases: dict[str, list[int]], out_dir: Path | None) -> dict:
@@ -175,7 +185,7 @@ def run(cases: dict[str, list[int]], out_dir: Path | None) -> dict:
                 if isinstance(row.get(name), dict):
                     row[name]["speedup_vs_fla"] = fla["ms"] / row[name]["ms"]
         try:
-            row["stages_ms"] = stage_times(x, scale)
+            row["stages_ms"] = stage_times(x, scale, every_variant=case == CHECK_CASE)
         except Exception as error:  # reported, not fatal
             row["stages_ms"] = f"failed: {type(error).__name__}: {str(error)[:300]}"
         rows.append(row)
@@ -184,32 +194,34 @@ def run(cases: dict[str, list[int]], out_dir: Path | None) -> dict:
     payload = {"copy_bandwidth_bytes_per_s": copy_bw, "matmul_flops_per_s": matmul_rate,
                "heads": HEADS, "head_dim": HEAD_DIM, "rows": rows}
     path = write_result("kda_prefill", payload, out_dir)
-    print_table(rows)
     print(f"wrote {path}")
+    print_table(rows)
     return payload
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'case':>6} {'variant':>24} {'ms':>7} {'Mtok/s':>7} {'vs fla':>6} {'copyBW':>6} "
+    print(f"{'case':>6} {'variant':>30} {'ms':>7} {'Mtok/s':>7} {'vs fla':>6} {'copyBW':>6} "
           f"{'MMA':>6} {'o err':>8} {'S err':>8}")
     for row in rows:
         for name, value in row.items():
             if name in ("case", "tokens", "requests"):
                 continue
             if name == "stages_ms":
-                text = value if isinstance(value, str) else \
-                    "  ".join(f"{stage} {ms:.3f}" for stage, ms in value.items())
-                print(f"{row['case']:>6} {'stages (ms)':>24} {text}")
+                if isinstance(value, str):
+                    print(f"{row['case']:>6} {'stages (ms)':>30} {value}")
+                    continue
+                for stage, ms in value.items():
+                    print(f"{row['case']:>6} {'stage ' + stage:>30} {ms:7.3f}")
             elif isinstance(value, dict):
                 errors = (f"{value['o_error']:8.1e} {value['state_error']:8.1e} "
                           f"{'ok' if value['correct'] else 'FAIL'}" if "o_error" in value else "")
-                print(f"{row['case']:>6} {name:>24} {value['ms']:7.3f} "
+                print(f"{row['case']:>6} {name:>30} {value['ms']:7.3f} "
                       f"{value['tokens_per_s'] / 1e6:7.3f} "
                       f"{value.get('speedup_vs_fla', 1.0):6.3f} "
                       f"{value['fraction_of_copy_bw']:6.3f} "
                       f"{value['fraction_of_matmul_rate']:6.3f} {errors}")
             else:
-                print(f"{row['case']:>6} {name:>24} {value}")
+                print(f"{row['case']:>6} {name:>30} {value}")
 
 
 def main() -> None:

@@ -30,40 +30,57 @@ GROUPED = "grouped"  # moe_experts_mxfp4_triton(small_batch=False, ...knobs)
 DEFAULT = "default"  # moe_experts_mxfp4_triton as the engine calls it
 
 
-def gemv(mode: str, block_n: int, block_k: int, num_warps: int = 4) -> tuple[str, dict]:
-    return GEMV, dict(mode=mode, block_n=block_n, block_k=block_k, num_warps=num_warps)
+def gemv(mode: str, block_n: int, block_k: int, num_warps: int = 4, num_stages: int = 3,
+         loop_stages: int = 0) -> tuple[str, dict]:
+    return GEMV, dict(mode=mode, block_n=block_n, block_k=block_k, num_warps=num_warps,
+                      num_stages=num_stages, loop_stages=loop_stages)
 
 
 def variants(num_tokens: int) -> dict[str, tuple[str, dict]]:
-    """The designs / configurations timed side by side at this batch size."""
+    """The designs / configurations timed side by side at this batch size (round 2: the
+    defaults are round 1's winners; "ls" = K loop pipelined explicitly, "s" = num_stages,
+    dot_t = weights as the dot's first operand)."""
     cases: dict[str, tuple[str, dict]] = {"default": (DEFAULT, {})}
-    if num_tokens <= 4:
+    if num_tokens == 1:
         cases |= {
-            "gemv fma n32 k128 w4": gemv("fma", 32, 128),
+            "gemv fma n32 k128 w4 ls3": gemv("fma", 32, 128, loop_stages=3),
+            "gemv fma_f32 n32 k128 w4": gemv("fma_f32", 32, 128),
+            "gemv fma_f32 n64 k128 w4": gemv("fma_f32", 64, 128),
+            "gemv fma_f32 n64 k128 w8 ls3": gemv("fma_f32", 64, 128, num_warps=8,
+                                                 loop_stages=3),
+            "gemv fma_f32 n32 k256 w4 ls2": gemv("fma_f32", 32, 256, loop_stages=2),
             "gemv fma_words n32 k128 w4": gemv("fma_words", 32, 128),
             "gemv dot n32 k128 w4": gemv("dot", 32, 128),
+            "gemv dot_t n64 k128 w4": gemv("dot_t", 64, 128),
+            "gemv dot_t n128 k128 w8": gemv("dot_t", 128, 128, num_warps=8),
+            "gemv dot_t n64 k256 w4": gemv("dot_t", 64, 256),
+            "grouped bm16 (old design)": (GROUPED, dict(block_n=64, block_k=128)),
         }
-        if num_tokens == 1:
-            cases |= {"gemv fma_words n16 k256 w4": gemv("fma_words", 16, 256),
-                      "gemv fma_words n64 k128 w8": gemv("fma_words", 64, 128, num_warps=8),
-                      "gemv dot_scaled n32 k128 w4": gemv("dot_scaled", 32, 128)}
+    elif num_tokens <= 4:
+        cases |= {
+            "gemv dot n64 k128 w4": gemv("dot", 64, 128),
+            "gemv dot n32 k128 w4 s4": gemv("dot", 32, 128, num_stages=4),
+            "gemv dot_t n64 k128 w4": gemv("dot_t", 64, 128),
+            "gemv dot_t n128 k128 w8": gemv("dot_t", 128, 128, num_warps=8),
+            "gemv fma_f32 n64 k128 w4": gemv("fma_f32", 64, 128),
+        }
     elif num_tokens <= 16:
         cases |= {
             "gemv dot n32 k128 w4": gemv("dot", 32, 128),
-            "gemv dot n64 k128 w4": gemv("dot", 64, 128),
-            "gemv dot_scaled n32 k128 w4": gemv("dot_scaled", 32, 128),
-            "gemv fma_words n32 k128 w4": gemv("fma_words", 32, 128),
+            "gemv dot n64 k128 w4 s4": gemv("dot", 64, 128, num_stages=4),
+            "gemv dot n128 k128 w8": gemv("dot", 128, 128, num_warps=8),
+            "gemv dot_t n64 k128 w4": gemv("dot_t", 64, 128),
+            "gemv dot_t n128 k128 w8": gemv("dot_t", 128, 128, num_warps=8),
         }
     elif num_tokens <= 64:
         cases |= {"gemv dot n32 k128 w4": gemv("dot", 32, 128),
-                  "gemv dot_scaled n32 k128 w4": gemv("dot_scaled", 32, 128)}
+                  "gemv dot_t n64 k128 w4": gemv("dot_t", 64, 128),
+                  "gemv dot_t n128 k128 w8": gemv("dot_t", 128, 128, num_warps=8),
+                  "grouped bm16 n64 k128": (GROUPED, dict(block_m=16, block_n=64,
+                                                            block_k=128))}
     elif num_tokens <= 256:
-        cases |= {"grouped bm128 n128 k64": (GROUPED, dict(block_m=128, block_n=128,
-                                                             block_k=64))}
-    else:
-        cases |= {"grouped dot_scaled": (GROUPED, dict(use_dot_scaled=True))}
-    if num_tokens == 1:
-        cases["grouped bm16 (old design)"] = (GROUPED, dict(block_n=64, block_k=128))
+        cases |= {"grouped bm64 n64 k128 r1": (GROUPED, dict(block_m=64, block_n=64,
+                                                                      block_k=128))}
     return cases
 
 

@@ -3,13 +3,13 @@ the proxy model's linear shapes; and the time to quantize the proxy's BF16 linea
 
 Both GEMMs take the same FP8 activations (one scale per token) and FP8 weights (one scale per
 output channel) and write BF16. Per case the launcher's default and a few variants (tiles,
-split K, FP8 promotion interval, bf16 products, M specialization) are timed side by side.
+split K, FP8 promotion interval and form, warp specialization) are timed side by side.
 Figures: time, ratio to the peer (peer time / ours), the fraction of the measured limits (bytes
 A + B read and C written over the copy bandwidth; FLOPs over the BF16 matrix rate, FP8's own
 peak being about twice that), and the error against fp32 math of the same quantized values
 (max-abs error over max-abs output, fp32 outputs) of ours and of torch._scaled_mm.
 
-Run: python -m benchmarks.kernels.bench_ptpc_fp8 [--quick] [--out DIR]
+Run: python -m benchmarks.kernels.bench_ptpc_fp8 [--quick] [--warp-specialized] [--out DIR]
 """
 
 from __future__ import annotations
@@ -43,49 +43,72 @@ BF16_OUTPUT_TOLERANCE = 1e-2
 @dataclass(frozen=True)
 class Variant:
     """One timed GEMM: a config (None: the launcher's default, or a change to it) and whether
-    to compile with M specialized (Triton's default, the kernel opts out)."""
+    to measure its fp32-output accumulation error (one more compile)."""
 
     label: str
     config: object = None              # GemmConfig, or a callable default -> GemmConfig
-    specialize_m: bool = False
     measure_error: bool = False
 
 
+def change(**fields):
+    """A variant config: the launcher's default with some fields replaced."""
+    return lambda default: dataclasses.replace(default, **fields)
+
+
+# Triton's automatic warp specialization of the K loop (a producer partition feeding the
+# wgmma warpgroups). Apart (--warp-specialized): a new compiler path on sm_90 that might
+# fail or hang, so it runs only when asked, under its own timeout.
+WARP_SPECIALIZED_CASES = [("o_proj", 4096), ("mla kv_b", 4096)]
+WARP_SPECIALIZED_VARIANTS = [
+    Variant("warp specialized", change(warp_specialize=True), measure_error=True),
+    Variant("ws promote per tile", change(warp_specialize=True, promote_per_tile=True)),
+]
+
+
 def variants_for(name: str, m: int) -> list[Variant]:
-    """The variants compared at (shape, M) besides the default."""
+    """The variants compared at (shape, M) besides the default (round 2: the round-1 winners
+    are the defaults; these are the new candidates, plus "no promotion" as the speed bound)."""
     from atomk31.triton_kernels.ptpc_fp8 import GemmConfig
 
-    def change(**fields):
-        return lambda default: dataclasses.replace(default, **fields)
-
-    if m == 1 and name in ("o_proj", "shared gate_up", "mla q_b"):
-        out = [Variant("M specialized", specialize_m=True)]
-        if name == "o_proj":
-            out.append(Variant("64x64x128 wgmma", GemmConfig(64, 64, 128)))
-        return out
-    if name == "mla kv_a":
-        return {1: [Variant("16x64x128 split14", GemmConfig(16, 64, 128, split_k=14))],
-                128: [Variant("64x128 no split", GemmConfig(64, 128, 128))],
-                4096: [Variant("128x64", GemmConfig(128, 64, 128, num_warps=4)),
-                       Variant("128x128 split2", GemmConfig(128, 128, 128, 2, num_warps=8))],
-                }.get(m, [])
-    if name == "o_proj" and m == 128:
-        return [Variant("64x128 split2", GemmConfig(64, 128, 128, 2)),
-                Variant("64x64x128", GemmConfig(64, 64, 128)),
-                Variant("64x128x256 s3", GemmConfig(64, 128, 256, num_stages=3))]
-    if name == "o_proj" and m == 4096:
-        return [Variant("promote 32", change(promote_every=32), measure_error=True),
-                Variant("promote 64", change(promote_every=64), measure_error=True),
-                Variant("no promotion", change(promote_every=None), measure_error=True),
-                Variant("bf16 products", change(dot_bf16=True), measure_error=True),
-                Variant("128x256 promote 128", GemmConfig(128, 256, 128, num_warps=8,
-                                                          num_stages=3), measure_error=True)]
-    if name == "mla kv_b" and m == 4096:
-        return [Variant("128x256 promote 128", GemmConfig(128, 256, 128, num_warps=8,
-                                                          num_stages=3)),
-                Variant("128x256 no promotion", GemmConfig(128, 256, 128, num_warps=8,
-                                                           num_stages=3, promote_every=None))]
-    return []
+    # promotion as an explicit fp32 add of each 128-K tile's product
+    per_tile = Variant("promote per tile", change(promote_per_tile=True), measure_error=True)
+    # 64x128 tiles, one warpgroup, 3 stages: 3 CTAs fit an SM (72 KiB, ~170 registers), so
+    # one CTA's promotion wait or epilogue overlaps another's wgmma; more tiles per wave
+    small_tiles = Variant("64x128 w4 s3", GemmConfig(64, 128, 128, num_stages=3))
+    small_tiles_per_tile = Variant("64x128 s3 per tile", GemmConfig(
+        64, 128, 128, num_stages=3, promote_per_tile=True), measure_error=True)
+    no_promotion = Variant("no promotion", change(promote_every=None), measure_error=True)
+    table = {
+        ("o_proj", 128): [Variant("64x128 w8", GemmConfig(64, 128, 128, num_warps=8)),
+                          Variant("64x128x256 w8 s3", GemmConfig(64, 128, 256, num_warps=8,
+                                                                 num_stages=3)),
+                          per_tile],
+        ("o_proj", 4096): [per_tile,
+                           Variant("128x128 s3", change(num_stages=3)),
+                           Variant("128x128x256 s3", GemmConfig(128, 128, 256, num_warps=8,
+                                                                num_stages=3),
+                                   measure_error=True),
+                           Variant("128x128 group16", change(group_m=16)),
+                           small_tiles, small_tiles_per_tile, no_promotion],
+        # N = 12288: 192 tiles of 64 columns are 1.45 waves of 132 SMs
+        ("shared gate_up", 1): [Variant("16x32x256", GemmConfig(16, 32, 256)),
+                                Variant("16x64x256 split2", GemmConfig(16, 64, 256, 2)),
+                                Variant("16x128x256 split2", GemmConfig(16, 128, 256, 2))],
+        # 52 us for 4 MB in round 1: no split (one launch, no atomics) vs more programs
+        ("mla kv_a", 1): [Variant("16x64x256 no split", GemmConfig(16, 64, 256)),
+                          Variant("16x32x256 split7", GemmConfig(16, 32, 256, 7)),
+                          Variant("16x64x512 split7 s2", GemmConfig(16, 64, 512, 7,
+                                                                    num_stages=2))],
+        ("mla kv_a", 1024): [Variant("64x128 w4 s3 split3",
+                                     GemmConfig(64, 128, 128, 3, num_stages=3))],
+        # N = 576: 160 tiles of 128x128 are 1.2 waves; 320 of 64x128 fit at once
+        ("mla kv_a", 4096): [small_tiles, small_tiles_per_tile, per_tile],
+        # K = 512: four K tiles per output tile, the epilogue (201 MB of bf16) dominates
+        ("mla kv_b", 4096): [small_tiles, small_tiles_per_tile,
+                             Variant("64x128 w4 s2", GemmConfig(64, 128, 128, num_stages=2)),
+                             per_tile, no_promotion],
+    }
+    return table.get((name, m), [])
 
 
 QUICK_CASES = [("o_proj", 1), ("o_proj", 128), ("o_proj", 4096), ("shared gate_up", 1),
@@ -105,7 +128,8 @@ def scaled_mm_fp32(x_q, x_scale, w_q, w_scale) -> torch.Tensor:
     return y * x_scale[:, None] * w_scale[None, :]
 
 
-def run_case(name: str, m: int, w_q, w_scale, limits: dict, specialized_kernel) -> dict:
+def run_case(name: str, m: int, w_q, w_scale, limits: dict,
+             variants: list[Variant]) -> dict:
     """Time the default, the variants and the peer at one (shape, M); errors vs fp32 math."""
     from atomk31.triton_kernels.ptpc_fp8 import (pick_config, ptpc_linear_quantized_triton,
                                                  ptpc_quantize_triton)
@@ -118,14 +142,12 @@ def run_case(name: str, m: int, w_q, w_scale, limits: dict, specialized_kernel) 
     moved, flops = m * k + n * k + 2 * m * n, 2 * m * n * k
     row = {"shape": name, "m": m, "n": n, "k": k, "default_config": dataclasses.asdict(default),
            "variants": {}}
-    for variant in [Variant("default", measure_error=True), *variants_for(name, m)]:
+    for variant in [Variant("default", measure_error=True), *variants]:
         config = variant.config(default) if callable(variant.config) else \
             (variant.config or default)
-        kernel = specialized_kernel if variant.specialize_m else None
 
         def gemm(out_dtype=torch.bfloat16):
-            return ptpc_linear_quantized_triton(x_q, x_scale, w_q, w_scale, out_dtype, config,
-                                                kernel)
+            return ptpc_linear_quantized_triton(x_q, x_scale, w_q, w_scale, out_dtype, config)
         try:
             ms = time_ms(gemm)
             # every variant: its bf16 output against fp32 math (bf16 rounding is 2^-8 of an
@@ -229,17 +251,15 @@ def print_table(rows: list[dict]) -> None:
                   f"{'ok' if result['correct'] else 'WRONG'}")
 
 
-def run(quick: bool, out_dir: Path | None) -> dict:
-    import triton
-
+def run(quick: bool, out_dir: Path | None, warp_specialized: bool = False) -> dict:
     from atomk31.quant.ptpc import quantize_weight_ptpc
-    from atomk31.triton_kernels.ptpc_fp8 import ptpc_gemm_kernel
 
+    started = time.perf_counter()
     torch.backends.cuda.matmul.allow_tf32 = False        # the fp32 reference stays fp32
     limits = {"copy": measure_copy_bandwidth(), "matmul": measure_matmul_rate()}
-    # Triton's default: M == 1 compiled apart (the kernel opts out of that)
-    specialized_kernel = triton.jit(ptpc_gemm_kernel.fn)
     cases = QUICK_CASES if quick else [(name, m) for name in SHAPES for m in TOKENS]
+    if warp_specialized:
+        cases = WARP_SPECIALIZED_CASES
     rows, weights = [], {}
     for name, m in cases:
         if name not in weights:
@@ -247,16 +267,18 @@ def run(quick: bool, out_dir: Path | None) -> dict:
             n, k = SHAPES[name]
             weights[name] = quantize_weight_ptpc(
                 torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
-        rows.append(run_case(name, m, *weights[name], limits, specialized_kernel))
+        variants = WARP_SPECIALIZED_VARIANTS if warp_specialized else variants_for(name, m)
+        rows.append(run_case(name, m, *weights[name], limits, variants))
     payload = {"copy_bandwidth_bytes_per_s": limits["copy"],
                "matmul_flops_per_s": limits["matmul"], "quick": quick, "rows": rows}
-    if not quick:
+    if not quick and not warp_specialized:
         payload["quantize_proxy_linears"] = time_quantizing_proxy()
-    path = write_result("ptpc_fp8", payload, out_dir)
-    print_table(rows)
-    if not quick:
+    path = write_result("ptpc_fp8_warp_specialized" if warp_specialized else "ptpc_fp8",
+                        payload, out_dir)
+    print(f"wrote {path} ({time.perf_counter() - started:.0f} s)")
+    if "quantize_proxy_linears" in payload:
         print(f"quantize proxy linears: {payload['quantize_proxy_linears']}")
-    print(f"wrote {path}")
+    print_table(rows)
     return payload
 
 
@@ -264,9 +286,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="ten (shape, M) cases with their variants (~60 s on an H200)")
+    parser.add_argument("--warp-specialized", action="store_true",
+                        help="only o_proj and kv_b at M = 4096: the default vs Triton's warp "
+                             "specialization (run under a timeout: a new sm_90 path)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    run(args.quick, args.out)
+    run(args.quick, args.out, args.warp_specialized)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,17 @@ Each variant is checked against the op's torch implementation (fp32) before it i
 Peer: the op's torch implementation.
 
 Floors on an H200 (~750 TFLOP/s bf16, ~4.25 TB/s copy): 16 rows 6.85 GFLOP = 9.1 us,
-23.8 MB = 5.6 us; 64 rows 27.4 GFLOP = 36.5 us, 95 MB = 22 us: matrix-bound. BLOCK_H = 64
-pads 96 heads to 128, so the issued products cap it near 75% of the matrix rate.
+23.9 MB = 5.6 us; 64 rows 27.4 GFLOP = 36.5 us, 95.7 MB = 22.6 us: matrix-bound. BLOCK_H = 64
+pads 96 heads to 128, so the issued products cap it near 75% of the matrix rate; two value
+splits ("vs2": each program recomputes the 576-wide scores for half the values) issue 1.53x
+more, capping it near 49%.
+
+Round 1 (H200, fraction of the GEMM rate): 64 rows bh64_bn128_w8_s1 16.3% (best, now the
+default there); 16 rows bh64_bn64_w8_s1_sp8_vm 11.5% (best, now the default there).
+Predictions for round 2: defaults as round 1; vs2 on one warpgroup (w4) 18-25% at 64 rows if
+two programs share a multiprocessor and hide each other's gathers, ~10% if shared memory
+allows only one; bh128_w8_vs2 like bh64_bn128 (the same products per warpgroup and the same
+key reads); more key splits at 16 rows (sp16) ~12%.
 
 Usage: python -m benchmarks.kernels.bench_sparse_mla [--out DIR] [--rows 16 64]
 """
@@ -34,22 +43,21 @@ DEVICE = "cuda"  # the benchmarks time GPU kernels
 SOFTMAX_SCALE = 192**-0.5
 CONTEXT = 131072  # tokens per request the selections are drawn from
 ROW_COUNTS = [16, 64]
-# (heads, keys per step, warps, stages, splits or None, scores via memory, prefetch keys):
-# the first two
-# are the launcher's defaults at 64 and 16 rows. With 8 warps and 64 vectors Triton gives the
-# score product both warpgroups over the same 64 rows (its flash-attention layout for a dot
-# feeding a dot), so it runs twice; "vm" hands the probabilities to the value product
-# through a scratch buffer, which lets each warpgroup take half the keys (half the score
-# wgmmas, no register spills in the sm_90 build). 128 keys per step widen the score wgmma
-# (64x64 instead of 64x32). "pf" loads the next key tile into registers one step ahead (the
-# scratch barrier turns Triton's pipelining off). bh32 / bh16 run mma.sync without padding
-# (3 or 6 programs re-read a row's keys from L2); bh16 x w4 is sglang's Triton MLA tile.
+# (heads, keys per step, warps, stages, splits or None, scores via memory, value splits).
+# Round 1's best at 64 rows (bn128 s1) and at 16 rows (sp8 vm) first, both now defaults;
+# then bn128 with the scratch hand-over, sp8 without it (does "vm" matter?), more splits at
+# 16 rows, and the value-split programs ("vs2"): one warpgroup each (w4: two programs per
+# multiprocessor when their shared memory fits, likely only at bn32) at 32, 64 and 128 keys
+# per step, with two stages, and on 8 warps; bh128 puts all 96 heads (padded to 128) in one
+# program, each warpgroup 64 of them over half the values.
 CONFIGS = [
-    (64, 64, 8, 2, None, False, False), (64, 32, 8, 2, None, False, False),
-    (64, 128, 8, 1, None, False, False), (64, 64, 8, 1, None, False, False),
-    (32, 64, 8, 2, None, False, False), (16, 32, 4, 2, None, False, False),
-    (64, 64, 8, 1, None, True, False), (64, 32, 8, 1, None, True, False),
-    (64, 32, 8, 1, None, True, True), (64, 64, 8, 1, 8, True, False),
+    (64, 128, 8, 1, None, False, 1), (64, 64, 8, 1, 8, True, 1),
+    (64, 128, 8, 1, None, True, 1), (64, 64, 8, 1, 8, False, 1), (64, 64, 8, 1, 16, True, 1),
+    (64, 32, 4, 1, None, False, 2), (64, 64, 4, 1, None, False, 2),
+    (64, 128, 4, 1, None, False, 2), (64, 64, 4, 2, None, False, 2),
+    (64, 64, 4, 1, 8, False, 2), (64, 64, 8, 1, None, False, 2),
+    (64, 64, 8, 1, None, True, 2), (128, 64, 8, 1, None, False, 2),
+    (128, 128, 8, 1, None, False, 2),
 ]
 
 
@@ -65,11 +73,11 @@ def random_selection(num_rows: int, num_slots: int, device: str) -> torch.Tensor
 
 
 def variant_name(block_h: int, block_n: int, num_warps: int, num_stages: int,
-                 num_splits: int | None, scores_via_memory: bool, prefetch_keys: bool) -> str:
+                 num_splits: int | None, scores_via_memory: bool, value_splits: int) -> str:
     splits = "" if num_splits is None else f"_sp{num_splits}"
     memory = "_vm" if scores_via_memory else ""
-    prefetch = "_pf" if prefetch_keys else ""
-    return f"bh{block_h}_bn{block_n}_w{num_warps}_s{num_stages}{splits}{memory}{prefetch}"
+    halves = "" if value_splits == 1 else f"_vs{value_splits}"
+    return f"bh{block_h}_bn{block_n}_w{num_warps}_s{num_stages}{splits}{memory}{halves}"
 
 
 def bench_rows(num_rows: int, cache: torch.Tensor, copy_bw: float, matmul_rate: float) -> dict:
@@ -84,7 +92,7 @@ def bench_rows(num_rows: int, cache: torch.Tensor, copy_bw: float, matmul_rate: 
         lambda c=config: sparse_mla_triton(q, cache, 1.0, slots, SOFTMAX_SCALE, block_h=c[0],
                                            block_n=c[1], num_warps=c[2], num_stages=c[3],
                                            num_splits=c[4], scores_via_memory=c[5],
-                                           prefetch_keys=c[6]))
+                                           value_splits=c[6]))
         for config in CONFIGS}
     variants["default"] = lambda: sparse_mla_triton(q, cache, 1.0, slots, SOFTMAX_SCALE)
     variants["torch"] = lambda: sparse_mla_torch(q, cache, 1.0, slots, SOFTMAX_SCALE)
@@ -124,6 +132,12 @@ def print_table(results: list[dict]) -> None:
                   f"{v['matmul_fraction']:8.1%} {v['bandwidth_fraction']:6.1%} "
                   f"{v.get('speedup_vs_torch', 0):8.1f} "
                   f"{v['relative_error_vs_torch_fp32']:8.1e}")
+    for r in results:
+        timed = {name: v["ms"] for name, v in r.items()
+                 if isinstance(v, dict) and "ms" in v and name != "torch"}
+        best = min(timed, key=timed.get)
+        print(f"{r['rows']:>4} best {best} {r[best]['matmul_fraction']:.1%} of GEMM "
+              f"(default {r['default'].get('matmul_fraction', 0):.1%})")
 
 
 def main() -> None:
@@ -139,9 +153,9 @@ def main() -> None:
         "shape": f"H {NUM_HEADS}, k {TOP_K}, fp8 latent, block {BLOCK_SIZE}",
         "copy_bandwidth_Bps": copy_bw, "bf16_matmul_flops": matmul_rate, "results": results},
         out_dir=args.out)
+    print(f"wrote {path}")
     print(f"copy {copy_bw / 1e12:.2f} TB/s, bf16 GEMM {matmul_rate / 1e12:.0f} TFLOP/s")
     print_table(results)
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

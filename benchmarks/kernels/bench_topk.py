@@ -6,10 +6,12 @@ with the position (ties in runs of 4). Every variant's result is checked against
 torch implementation (a stable sort: the exact definition) on every case.
 
 Figures per case: eager and CUDA-graph times of the Triton top-k (the default launch, the
-fused slot output, and tuning variants: programs per row, warps, candidate capacity), the
-stages alone (graph: stage 1, stages 1-2, all three), torch.topk (no tie rule; the peer the
+fused slot output, and tuning variants: programs per row, warps, finish programs per row,
+search ways, candidate capacity), the stages alone (graph: group maxima, + threshold,
++ collect, + overflow check; the rest is the finish), torch.topk (no tie rule; the peer the
 goal names) eager and graph, and the exact torch op. Ratios: torch.topk time over ours (same
 mode), and bytes per second (the scores read once) over the copy bandwidth of the same run.
+The last table lines compare the graph times with round 1's (ROUND1_US, H200, 2026-11-29).
 
 Usage: python -m benchmarks.kernels.bench_topk [--out DIR] [--quick]
 """
@@ -39,6 +41,13 @@ CASES = {
     "rising_128K": (131072, "rising"),
 }
 QUICK_CASES = ["normal_128K", "normal_1M", "equal_128K", "rising_128K"]
+# Round 1 on the H200, CUDA graph, us: (default launch, best variant = collect_warps4); the
+# design before round 1 (bisection finish) measured 229 / 435 us eager at 128K / 1M.
+ROUND1_US = {"normal_128K": (220.3, 191.0), "normal_1M": (769.0, 637.3),
+             "equal_128K": (249.3, 217.1), "rising_128K": (181.7, 161.8)}
+STAGE_NAMES = ("group_max", "+threshold", "+collect", "+overflow")
+VARIANT_NAMES = ("ppr_x0.5", "ppr_x2", "collect_warps8", "finish_warps8", "split1", "split4",
+                 "split16", "ways4", "ways64", "capacity4")
 
 
 def graph_ms(fn: Callable[[], object]) -> float:
@@ -76,11 +85,17 @@ def bench_case(name: str, copy_bw: float, programs_per_sm: int) -> dict:
         "triton": {},
         "ppr_x0.5": {"programs_per_row": max(1, per_row // 2)},
         "ppr_x2": {"programs_per_row": 2 * per_row},
-        "collect_warps4": {"collect_warps": 4},
-        "finish_warps16": {"finish_warps": 16},
+        "collect_warps8": {"collect_warps": 8},
+        "finish_warps8": {"finish_warps": 8},
+        "split1": {"finish_split": 1},
+        "split4": {"finish_split": 4},
+        "split16": {"finish_split": 16},
+        "ways4": {"search_ways": 4},
+        "ways64": {"search_ways": 64},
         "capacity4": {"capacity_factor": 4},
     }
-    result = {"rows": NUM_ROWS, "length": length, "k": K, "scores": kind, "exact": {},
+    result = {"case": name, "rows": NUM_ROWS, "length": length, "k": K, "scores": kind,
+              "exact": {},
               "ms": {}, "graph_ms": {}}
     for variant, options in variants.items():
         try:  # a tuning variant that fails must not hide the others
@@ -96,8 +111,8 @@ def bench_case(name: str, copy_bw: float, programs_per_sm: int) -> dict:
     result["ms"]["triton"] = time_ms(lambda: topk_triton(scores, K, lengths))
     result["ms"]["triton_slots"] = time_ms(
         lambda: topk_triton(scores, K, lengths, block_table, row_request, BLOCK_SIZE))
-    for stages in (1, 2):
-        result["graph_ms"][f"stages_1-{stages}"] = graph_ms(
+    for stages, stage_name in enumerate(STAGE_NAMES, start=1):
+        result["graph_ms"][stage_name] = graph_ms(
             lambda: topk_triton(scores, K, lengths, stages=stages))
     result["ms"]["torch.topk"] = time_ms(lambda: torch.topk(scores, K, dim=1))
     result["graph_ms"]["torch.topk"] = graph_ms(lambda: torch.topk(scores, K, dim=1))
@@ -124,11 +139,18 @@ def print_table(copy_bw: float, results: list[dict]) -> None:
               f" exact-torch {e['torch_exact'] * 1e3:7.1f}")
         print(f"   graph: triton {g['triton'] * 1e3:7.1f} topk {g['torch.topk'] * 1e3:7.1f}"
               f" x{r['graph_speedup_vs_torch_topk']:5.2f}"
-              f" BW {r['bandwidth_fraction']['graph_ms:triton']:5.1%}"
-              f" | stage1 {g['stages_1-1'] * 1e3:6.1f} +2 {g['stages_1-2'] * 1e3:6.1f}")
-        print("   graph variants: " + " ".join(
-            f"{v} {g[v] * 1e3:.1f}" for v in ("ppr_x0.5", "ppr_x2", "collect_warps4",
-                                              "finish_warps16", "capacity4")))
+              f" BW {r['bandwidth_fraction']['graph_ms:triton']:5.1%} | stages "
+              + " ".join(f"{s} {g[s] * 1e3:.1f}" for s in STAGE_NAMES))
+        print("   graph variants: " + " ".join(f"{v} {g[v] * 1e3:.1f}" for v in VARIANT_NAMES))
+    print("summary (graph us): case: round1 default / round1 best -> now default, best variant")
+    for r in results:
+        g = r["graph_ms"]
+        timed = {v: ms for v, ms in g.items() if v in VARIANT_NAMES and r["exact"][v] is True}
+        best = min(timed, key=timed.get) if timed else "none"
+        before = ROUND1_US.get(r["case"], (float("nan"), float("nan")))
+        print(f"   {r['case']:<12} {before[0]:6.1f} / {before[1]:6.1f} -> {g['triton'] * 1e3:6.1f}"
+              f", {best} {timed.get(best, float('nan')) * 1e3:6.1f}"
+              f"  torch.topk {g['torch.topk'] * 1e3:6.1f}")
 
 
 def main() -> None:
@@ -136,7 +158,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="results directory")
     parser.add_argument("--quick", action="store_true", help=f"only {QUICK_CASES}")
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=None)
-    parser.add_argument("--programs-per-sm", type=int, default=4,
+    parser.add_argument("--programs-per-sm", type=int, default=2,
                         help="the default launch's programs per multiprocessor (variants x0.5, x2)")
     args = parser.parse_args()
     cases = args.cases or (QUICK_CASES if args.quick else list(CASES))

@@ -257,10 +257,10 @@ def dense_mla() -> None:
 
     num_heads, num_blocks, block_size = 16, 2, 64
     latent_cache = torch.zeros(num_blocks, block_size, 576, dtype=torch.bfloat16)
-    dense_mla_triton(torch.randn(3, num_heads, 576, dtype=torch.bfloat16), latent_cache, 1.0,
+    dense_mla_triton(torch.randn(4, num_heads, 576, dtype=torch.bfloat16), latent_cache, 1.0,
                      torch.arange(num_blocks, dtype=torch.int32)[None],
-                     torch.zeros(3, dtype=torch.int32), torch.tensor([0, 70, 127]),
-                     block_size, 576 ** -0.5)
+                     torch.zeros(4, dtype=torch.int32), torch.tensor([0, 70, 126, 127]),
+                     block_size, 576 ** -0.5, rows_per_request=4)
 
 
 def topk(with_slots: bool) -> Callable[[], None]:

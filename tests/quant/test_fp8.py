@@ -208,3 +208,21 @@ def test_convert_fn_to_fnuz_preserves_every_finite_value() -> None:
 def test_convert_rejects_fnuz_input() -> None:
     with pytest.raises(ValueError, match="float8_e4m3fn data"):
         convert_e4m3fn_to_e4m3fnuz(torch.zeros(2, dtype=torch.float8_e4m3fnuz), 1.0)
+
+
+def _available_devices() -> list[str]:
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", _available_devices())
+def test_divide_exactly_is_correctly_rounded_where_the_reciprocal_is_not(device):
+    """x / 448 rounded once (from float64) — including values where multiplying by the rounded
+    reciprocal, what CUDA does for a host-scalar divisor, is one ulp off."""
+    from atomk31.quant.fp8 import divide_exactly
+
+    x = torch.rand(100_000, generator=torch.Generator().manual_seed(0)) * 1000
+    exact = (x.double() / 448).float()
+    by_reciprocal = x * torch.tensor(1 / 448, dtype=torch.float32)
+    assert not torch.equal(by_reciprocal, exact), "the sample must contain reciprocal misses"
+    got = divide_exactly(x.to(device), 448.0).cpu()
+    assert torch.equal(got, exact)

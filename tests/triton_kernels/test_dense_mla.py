@@ -88,10 +88,48 @@ def test_dense_mla_triton_interpreter_grouped_rows_match_torch(interpreted, num_
     got_out, got_lse = interpreted.dense_mla_triton(*args, num_splits=num_splits,
                                                     rows_per_program=rows_per_program,
                                                     scores_via_memory=num_splits == 3,
-                                                    prefetch_keys=num_splits == 3)
+                                                    value_splits=2 if num_splits == 3 else 1)
     want_out, want_lse = dense_mla_torch(*args)
     assert_close("out", got_out, want_out)
     assert_close("lse", got_lse, want_lse)
+
+
+@pytest.mark.parametrize("max_position, rows_per_request", [(None, None), (36, 4), (50, 2)],
+                         ids=["no-hints", "hints-exact", "hints-loose"])
+def test_dense_mla_triton_interpreter_host_hints_match_torch(interpreted, max_position,
+                                                             rows_per_request):
+    """The host-side hints (no device read) give the same result as none: without
+    max_position the block table's width (a -1 padded column past the last block) bounds the
+    keys; a larger max_position than needed leaves empty splits."""
+    block_table, cache = build_cache([1, 37, 41], 16, torch.bfloat16, seed=8)
+    row_request, row_position, q = make_rows(VERIFY_ROWS, 5, seed=9)
+    args = (q, cache, LATENT_SCALE, block_table, row_request, row_position, 16, SOFTMAX_SCALE)
+    got_out, got_lse = interpreted.dense_mla_triton(*args, max_position=max_position,
+                                                    rows_per_request=rows_per_request,
+                                                    num_splits=3)
+    want_out, want_lse = dense_mla_torch(*args)
+    assert_close("out", got_out, want_out)
+    assert_close("lse", got_lse, want_lse)
+
+
+def test_dense_mla_triton_does_not_read_the_device(interpreted, monkeypatch):
+    """With the host hints the launcher never turns a device tensor into a Python value."""
+    block_table, cache = build_cache([1, 37, 41], 16, torch.bfloat16, seed=8)
+    row_request, row_position, q = make_rows(VERIFY_ROWS, 5, seed=9)
+
+    def forbidden(*_args, **_kwargs):
+        raise AssertionError("host sync")
+
+    for name in ("tolist", "item", "__bool__", "__int__"):
+        monkeypatch.setattr(torch.Tensor, name, forbidden)
+    out, lse = interpreted.dense_mla_triton(q, cache, LATENT_SCALE, block_table, row_request,
+                                            row_position, 16, SOFTMAX_SCALE, max_position=36,
+                                            rows_per_request=4)
+    monkeypatch.undo()
+    want_out, want_lse = dense_mla_torch(q, cache, LATENT_SCALE, block_table, row_request,
+                                         row_position, 16, SOFTMAX_SCALE)
+    assert_close("out", out, want_out)
+    assert_close("lse", lse, want_lse)
 
 
 def test_dense_mla_triton_rejects_rows_per_program_across_requests(interpreted):
@@ -133,7 +171,7 @@ def test_dense_mla_triton_gpu_verification_rows(rows_per_program, scores_via_mem
                                         row_request.cuda(), row_position.cuda(), 128,
                                         SOFTMAX_SCALE, rows_per_program=rows_per_program,
                                         scores_via_memory=scores_via_memory,
-                                        prefetch_keys=scores_via_memory)
+                                        value_splits=2 if scores_via_memory else 1)
     want_out, want_lse = dense_mla_torch(q.float().cuda(), cache, LATENT_SCALE, block_table,
                                          row_request.cuda(), row_position.cuda(), 128,
                                          SOFTMAX_SCALE)

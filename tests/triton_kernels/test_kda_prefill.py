@@ -41,14 +41,20 @@ def random_inputs(lengths, num_heads=2, head_dim=128, value_dim=128, seed=0, g_f
 
 
 # Output in the chunk-parallel stage 3 (the default) or fused into the sequential stage 2;
-# stage 1 with its right-hand score tiles recomputed (default) or kept in registers.
+# stage 1 in one kernel (default), with its right-hand score tiles recomputed or kept in
+# registers, or in two (scores sliced 32 or 64 channels wide).
 SPLIT, FUSED = KdaPrefillTuning(), KdaPrefillTuning(split_output=False)
 CACHED = KdaPrefillTuning(intra_cache_right=True)
-TUNINGS = pytest.mark.parametrize("tuning", [SPLIT, FUSED, CACHED],
-                                  ids=["split", "fused", "cached"])
+TWO_KERNEL = KdaPrefillTuning(intra_split=True)
+WIDE_SLICES = KdaPrefillTuning(intra_split=True, scores_block_k=64, gated_block=32)
+TUNINGS = pytest.mark.parametrize("tuning", [SPLIT, FUSED, CACHED, TWO_KERNEL, WIDE_SLICES],
+                                  ids=["split", "fused", "cached", "two-kernel", "wide-slices"])
+# The interpreter is slow: the stage-1 and output designs here, the tile choices in one test.
+CPU_TUNINGS = pytest.mark.parametrize("tuning", [SPLIT, FUSED, TWO_KERNEL],
+                                      ids=["split", "fused", "two-kernel"])
 
 
-@TUNINGS
+@CPU_TUNINGS
 @pytest.mark.parametrize("lengths", [[1], [64], [70, 0, 1, 130]], ids=["T1", "T64", "varlen"])
 def test_kda_prefill_triton_matches_torch(lengths, tuning):
     q, k, v, g, beta, state, bounds = random_inputs(lengths, seed=len(lengths))
@@ -61,7 +67,7 @@ def test_kda_prefill_triton_matches_torch(lengths, tuning):
     assert_relative_close("final_state", final_state, expected[1], CPU_TOLERANCE)
 
 
-@TUNINGS
+@CPU_TUNINGS
 def test_kda_prefill_triton_snapshots_cut_chunks(tuning):
     lengths = [150, 0, 5]
     q, k, v, g, beta, state, bounds = random_inputs(lengths, seed=8)
@@ -77,7 +83,8 @@ def test_kda_prefill_triton_snapshots_cut_chunks(tuning):
     assert torch.equal(snapshots[3], state[1]) and torch.equal(snapshots[7], snapshots[1])
 
 
-@pytest.mark.parametrize("tuning", [SPLIT, CACHED], ids=["split", "cached"])
+@pytest.mark.parametrize("tuning", [SPLIT, CACHED, WIDE_SLICES],
+                         ids=["split", "cached", "wide-slices"])
 def test_kda_prefill_triton_decay_at_the_floor_stays_finite(tuning):
     # g = -5 for every token: Γ reaches -320 in a chunk, where exp(-Γ) alone overflows (§4.4).
     q, k, v, g, beta, state, bounds = random_inputs([100], seed=9)
@@ -86,6 +93,17 @@ def test_kda_prefill_triton_decay_at_the_floor_stays_finite(tuning):
     expected = kda_prefill_torch(q, k, v, g, beta, state, bounds, 0.1)
     o, final_state, _ = kda_prefill_triton(q, k, v, g, beta, state, bounds, 0.1, tuning=tuning)
     assert torch.isfinite(o).all() and torch.isfinite(final_state).all()
+    assert_relative_close("o", o, expected[0], CPU_TOLERANCE)
+    assert_relative_close("final_state", final_state, expected[1], CPU_TOLERANCE)
+
+
+@pytest.mark.parametrize("tuning", [SPLIT, TWO_KERNEL], ids=["split", "two-kernel"])
+def test_kda_prefill_triton_odd_head_sizes(tuning):
+    # K = 48, V = 40: channel slices and value blocks past the end of the head are masked.
+    lengths = [33, 64]
+    q, k, v, g, beta, state, bounds = random_inputs(lengths, head_dim=48, value_dim=40, seed=16)
+    expected = kda_prefill_torch(q, k, v, g, beta, state, bounds, 0.3)
+    o, final_state, _ = kda_prefill_triton(q, k, v, g, beta, state, bounds, 0.3, tuning=tuning)
     assert_relative_close("o", o, expected[0], CPU_TOLERANCE)
     assert_relative_close("final_state", final_state, expected[1], CPU_TOLERANCE)
 

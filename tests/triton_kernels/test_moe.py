@@ -81,13 +81,19 @@ def test_moe_experts_mxfp4_triton_grouped_matches_torch(num_tokens, linear_beta)
     assert_relative_close("u", u, expected, 1e-5)
 
 
-@pytest.mark.parametrize("num_tokens,mode,linear_beta",
-                         [(1, "fma", 25.0), (3, "fma", None), (5, "dot", 25.0), (2, "dot", None),
-                          (1, "fma_words", None), (3, "fma_words", 25.0)],
+@pytest.mark.parametrize("num_tokens,mode,linear_beta,loop_stages",
+                         [(1, "fma", 25.0, 0), (3, "fma", None, 0), (5, "dot", 25.0, 0),
+                          (2, "dot", None, 0), (1, "fma_words", None, 0),
+                          (3, "fma_words", 25.0, 0), (2, "dot_t", 25.0, 0),
+                          (1, "dot_t", None, 0), (2, "fma", 25.0, 3), (3, "dot_t", None, 4),
+                          (1, "fma_f32", 25.0, 0), (3, "fma_f32", None, 2)],
                          ids=["T1-fma-capped", "T3-fma-uncapped", "T5-dot-capped",
-                              "T2-dot-uncapped", "T1-fma_words-uncapped", "T3-fma_words-capped"])
-def test_moe_experts_mxfp4_gemv_matches_torch(num_tokens, mode, linear_beta):
-    # 8 experts, top-3: most experts get no token (their programs exit early).
+                              "T2-dot-uncapped", "T1-fma_words-uncapped", "T3-fma_words-capped",
+                              "T2-dot_t-capped", "T1-dot_t-uncapped", "T2-fma-stages3",
+                              "T3-dot_t-stages4", "T1-fma_f32-capped", "T3-fma_f32-stages2"])
+def test_moe_experts_mxfp4_gemv_matches_torch(num_tokens, mode, linear_beta, loop_stages):
+    # 8 experts, top-3: most experts get no token (their programs exit early); at 1 and 2
+    # tokens fewer slots than experts (programs per slot).
     num_experts, top_k = 8, 3
     w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(num_experts, 128, 192, seed=9)
     x, router, bias = router_inputs(num_tokens, 192, num_experts, seed=10)
@@ -96,8 +102,24 @@ def test_moe_experts_mxfp4_gemv_matches_torch(num_tokens, mode, linear_beta):
                                        w2_packed, w2_scales, 4.0, linear_beta)
     u = moe_experts_mxfp4_gemv_triton(x, topk_weights, topk_ids, w13_packed, w13_scales,
                                       w2_packed, w2_scales, 4.0, linear_beta, mode=mode,
-                                      block_n=32, block_k=64)
+                                      block_n=32, block_k=64, loop_stages=loop_stages)
     assert_relative_close("u", u, expected, 1e-5)
+
+
+def test_moe_experts_mxfp4_gemv_programs_per_slot_share_experts():
+    # 2 tokens x 3 slots < 16 experts: programs per slot; experts 5 and 2 appear twice and
+    # must be computed once each (a second owner would add their down projection twice).
+    w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(16, 128, 128, seed=14)
+    x, _, _ = router_inputs(2, 128, 16, seed=15)
+    topk_ids = torch.tensor([[0, 5, 2], [5, 2, 9]], dtype=torch.int32, device=DEVICE)
+    topk_weights = torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.3, 0.1]], device=DEVICE)
+    expected = moe_experts_mxfp4_torch(x, topk_weights, topk_ids, w13_packed, w13_scales,
+                                       w2_packed, w2_scales, 4.0, 25.0)
+    for mode in ("fma", "dot"):
+        u = moe_experts_mxfp4_gemv_triton(x, topk_weights, topk_ids, w13_packed, w13_scales,
+                                          w2_packed, w2_scales, 4.0, 25.0, mode=mode,
+                                          block_n=32, block_k=64)
+        assert_relative_close(f"u ({mode})", u, expected, 1e-5)
 
 
 def test_moe_experts_mxfp4_triton_small_batch_is_the_default_at_one_token():
@@ -163,6 +185,8 @@ def test_moe_experts_mxfp4_triton_proxy_shapes_gpu(num_tokens, proxy_weights):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_tokens,mode", [(1, "fma"), (1, "fma_words"), (4, "fma"),
+                                             (1, "fma_f32"), (4, "fma_f32"),
+                                             (4, "dot_t"), (16, "dot_t"), (64, "dot_t"),
                                              (4, "dot"), (16, "dot"), (16, "dot_scaled"),
                                              (64, "dot")], ids=lambda v: str(v))
 def test_moe_experts_mxfp4_gemv_proxy_shapes_gpu(num_tokens, mode, proxy_weights):

@@ -24,14 +24,15 @@ GFX942_LDS_BYTES = 64 << 10
 
 # Max-abs error over max-abs output of the FP8 GEMM (fp32 out) against fp32 math of the same
 # quantized values. Hopper's FP8 wgmma keeps ~13-14 mantissa bits of its running sum; the
-# kernel promotes that partial sum into fp32 every 128 K elements. A simulation of that
-# accumulator (13 bits, truncated after every 32-element wgmma step, seeded randn inputs,
-# M x N = 300 x 2048) gives 1.2-1.5e-4 for K = 512..12288 with promotion every 128, 5-6e-5
-# every 32, and 4.7e-4 (K = 512) to 1e-2 (K = 12288) without promotion; the H200 measured
-# 1.1e-3 (K = 512) and 5.8e-3 (K = 7168) without it. 3e-4 = twice the promoted model, still
-# below every unpromoted case. The benchmark prints the measured error of this kernel and of
-# torch._scaled_mm on the same inputs (benchmarks/kernels/bench_ptpc_fp8.py).
+# kernel promotes that partial sum into fp32 every 128 K elements, and so does cuBLASLt: on
+# the H200 both measured the same error to three digits (1.3-1.6e-4; 3.3-3.5e-4 at kv_b,
+# K = 512, M = 300 / 2048), against 1e-3 to 9e-3 without promotion. So the GPU test allows
+# SCALED_MM_ERROR_FACTOR x torch._scaled_mm's error on the same inputs + SCALED_MM_ERROR_SLACK,
+# and FP8_GEMM_TOLERANCE where _scaled_mm cannot be measured (a simulation of the promoted
+# accumulator gave 1.2-1.5e-4 for K = 512..12288; 3e-4 is twice that).
 FP8_GEMM_TOLERANCE = 3e-4
+SCALED_MM_ERROR_FACTOR = 1.25
+SCALED_MM_ERROR_SLACK = 1e-5
 
 
 def random_matrix(rows, cols, seed, dtype=torch.float32):
@@ -52,9 +53,43 @@ def test_ptpc_quantize_triton_equals_torch(rows, cols, fp8_dtype):
     assert torch.equal(q.float(), expected_q.float())
 
 
+def amax_values_off_by_reciprocal(fmax: float, count: int) -> torch.Tensor:
+    """fp32 amax values whose ``amax * fp32(1 / fmax)`` is not the correctly rounded
+    ``amax / fmax`` (what CUDA's tensor-by-scalar division computes), so a quantizer that
+    divides that way fails on them."""
+    candidates = torch.rand(4096, generator=torch.Generator().manual_seed(7)) * 64 + 1e-3
+    exact = (candidates.double() / fmax).float()
+    by_reciprocal = candidates * torch.tensor(1 / fmax, dtype=torch.float32)
+    off = candidates[by_reciprocal != exact][:count]
+    assert off.numel() == count
+    return off
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8_DTYPES, ids=["e4m3fn", "e4m3fnuz"])
+def test_ptpc_quantize_torch_is_correctly_rounded(fp8_dtype):
+    """The torch op defines the contract: scale = amax / fmax and x / scale, each the correctly
+    rounded fp32 quotient (float64 division rounded once to fp32 is exactly that), on any
+    device. Rows use amax values where dividing by the rounded reciprocal is an ulp off."""
+    fmax = torch.finfo(fp8_dtype).max
+    amax = amax_values_off_by_reciprocal(fmax, 24)
+    x = torch.randn(24, 300, generator=torch.Generator().manual_seed(8)).clamp(-3, 3)
+    x = x / x.abs().amax(1, keepdim=True) * amax[:, None]
+    x = x.to(DEVICE)
+    q, scale = ptpc_quantize_torch(x, fp8_dtype)
+    exact_scale = (x.double().abs().amax(1) / fmax).float()
+    exact_q = (x.double() / exact_scale.double()[:, None]).float().clamp(-fmax, fmax)
+    assert torch.equal(scale, exact_scale)
+    assert torch.equal(q.float(), exact_q.to(fp8_dtype).float())
+    q, scale = ptpc_quantize_torch(x[0], fp8_dtype)                     # a single token
+    assert torch.equal(scale, exact_scale[0])
+    assert torch.equal(q.float(), exact_q[0].to(fp8_dtype).float())
+
+
 @pytest.mark.parametrize("config", [None, GemmConfig(16, 32, 64, split_k=3),
-                                    GemmConfig(32, 64, 32, split_k=2, dot_bf16=True)],
-                         ids=["auto", "split-k3", "split-k2-bf16"])
+                                    GemmConfig(32, 64, 32, split_k=2, dot_bf16=True),
+                                    GemmConfig(16, 32, 64, split_k=2, promote_per_tile=True,
+                                               warp_specialize=True)],
+                         ids=["auto", "split-k3", "split-k2-bf16", "split-k2-per-tile"])
 @pytest.mark.parametrize("m,n,k", [(1, 70, 300), (37, 128, 256), (0, 16, 64)],
                          ids=["M1-N70-K300", "M37-N128-K256", "M0-N16-K64"])
 def test_ptpc_linear_quantized_triton_matches_torch(m, n, k, config):
@@ -150,17 +185,18 @@ def scaled_mm_relative_error(x_q, x_scale, w_q, w_scale, expected) -> float:
 @pytest.mark.parametrize("n,k", [(7168, 12288), (576, 7168), (24576, 512)],
                          ids=["o_proj", "kv_a", "kv_b"])
 def test_ptpc_linear_triton_proxy_shapes_gpu(m, n, k):
-    """The launcher's own tile choice, fp32 out, within FP8_GEMM_TOLERANCE of fp32 math on
-    the same quantized values (the torch op's quantizer: this test is about the GEMM)."""
+    """The launcher's own tile choice, fp32 out, about as close to fp32 math on the same
+    quantized values as torch._scaled_mm (the torch op's quantizer: this is about the GEMM)."""
     x_q, x_scale = ptpc_quantize_torch(random_matrix(m, k, seed=m, dtype=torch.bfloat16))
     w_q, w_scale = quantize_weight_ptpc(random_matrix(n, k, seed=n, dtype=torch.bfloat16))
     expected = ptpc_linear_quantized_torch(x_q, x_scale, w_q, w_scale, torch.float32)
     y = ptpc_linear_quantized_triton(x_q, x_scale, w_q, w_scale, torch.float32)
     error = ((y.double() - expected.double()).abs().max() / expected.double().abs().max()).item()
-    if error > FP8_GEMM_TOLERANCE:
-        try:
-            peer = f"{scaled_mm_relative_error(x_q, x_scale, w_q, w_scale, expected):.3g}"
-        except RuntimeError as failure:
-            peer = f"not measured ({failure})"
-        pytest.fail(f"relative error {error:.3g} > {FP8_GEMM_TOLERANCE} "
-                    f"(torch._scaled_mm on the same inputs: {peer})")
+    try:
+        peer = scaled_mm_relative_error(x_q, x_scale, w_q, w_scale, expected)
+        limit = SCALED_MM_ERROR_FACTOR * peer + SCALED_MM_ERROR_SLACK
+        against = f"{SCALED_MM_ERROR_FACTOR} x torch._scaled_mm's {peer:.3g} on the same " \
+                  f"inputs + {SCALED_MM_ERROR_SLACK}"
+    except RuntimeError as failure:            # this shape or cuBLASLt has no fp32 output
+        limit, against = FP8_GEMM_TOLERANCE, f"the fixed bound (_scaled_mm: {failure})"
+    assert error <= limit, f"relative error {error:.3g} > {limit:.3g}, {against}"

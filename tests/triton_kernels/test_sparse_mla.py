@@ -64,12 +64,13 @@ def test_sparse_mla_triton_interpreter_matches_torch(interpreted, num_splits, la
     assert bool((got_out[-1] == 0).all()) and bool(torch.isneginf(got_lse[-1]).all())
 
 
-@pytest.mark.parametrize("scores_via_memory, prefetch_keys", [(True, False), (True, True),
-                                                             (False, True)],
-                         ids=["via-memory", "via-memory-prefetch", "prefetch"])
+@pytest.mark.parametrize("scores_via_memory, value_splits, block_h",
+                         [(True, 1, None), (False, 2, None), (True, 2, None)],
+                         ids=["via-memory", "value-halves", "via-memory-value-halves"])
 @pytest.mark.parametrize("num_splits", [1, 3], ids=lambda s: f"splits{s}")
 def test_sparse_mla_triton_interpreter_variants_match_torch(interpreted, num_splits,
-                                                            scores_via_memory, prefetch_keys):
+                                                            scores_via_memory, value_splits,
+                                                            block_h):
     num_rows, num_heads, k, block_size = 4, 5, 37, 16
     cache = make_latent_cache(6, block_size, torch.float8_e4m3fn, seed=k)
     slots = make_slots(num_rows, k, 6 * block_size, 0.3, seed=1)
@@ -77,7 +78,8 @@ def test_sparse_mla_triton_interpreter_variants_match_torch(interpreted, num_spl
     got_out, got_lse = interpreted.sparse_mla_triton(q, cache, LATENT_SCALE, slots,
                                                      SOFTMAX_SCALE, num_splits=num_splits,
                                                      scores_via_memory=scores_via_memory,
-                                                     prefetch_keys=prefetch_keys)
+                                                     value_splits=value_splits,
+                                                     block_h=block_h)
     want_out, want_lse = sparse_mla_torch(q, cache, LATENT_SCALE, slots, SOFTMAX_SCALE)
     assert_close("out", got_out, want_out, 1e-5, 1e-5)
     assert_close("lse", got_lse, want_lse, 1e-5, 1e-5)
@@ -128,16 +130,22 @@ def test_sparse_mla_triton_gpu_decode(num_rows, block_h):
 @pytest.mark.parametrize("num_programs, max_splits, want", [
     (0, 8, 1), (128, 8, 1), (32, 8, 4), (96, 8, 4), (16, 2, 2), (200, 8, 3)])
 def test_fewest_splits_filling_waves_on_132_multiprocessors(num_programs, max_splits, want):
-    from atomk31.triton_kernels.sparse_mla import fewest_splits_filling_waves
+    from atomk31.triton_kernels.mla_tiles import fewest_splits_filling_waves
 
     assert fewest_splits_filling_waves(num_programs, 132, max_splits) == want
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_warps, num_stages, scores_via_memory",
-                         [(4, 1, False), (8, 1, False), (8, 3, False), (8, 1, True)],
-                         ids=["w4s1", "w8s1", "w8s3", "w8-via-memory-prefetch"])
-def test_sparse_mla_triton_gpu_tile_variants(num_warps, num_stages, scores_via_memory):
+@pytest.mark.parametrize("block_h, block_n, num_warps, num_stages, scores_via_memory, value_splits",
+                         [(64, 64, 4, 1, False, 1), (64, 128, 8, 1, False, 1),
+                          (64, 64, 8, 3, False, 1), (64, 64, 8, 1, True, 1),
+                          (64, 64, 4, 1, False, 2), (64, 128, 4, 1, False, 2),
+                          (128, 64, 8, 1, False, 2), (64, 64, 8, 1, True, 2)],
+                         ids=["w4s1", "bn128-w8s1", "w8s3", "w8-via-memory", "w4-value-halves",
+                              "bn128-w4-value-halves", "bh128-w8-value-halves",
+                              "w8-via-memory-value-halves"])
+def test_sparse_mla_triton_gpu_tile_variants(block_h, block_n, num_warps, num_stages,
+                                             scores_via_memory, value_splits):
     from atomk31.triton_kernels.sparse_mla import sparse_mla_triton
 
     num_blocks, block_size, k = 40, 128, 2048
@@ -147,9 +155,10 @@ def test_sparse_mla_triton_gpu_tile_variants(num_warps, num_stages, scores_via_m
     q = torch.randn(16, 96, 576, generator=torch.Generator().manual_seed(7))
     q = q.to(torch.bfloat16).cuda()
     got_out, got_lse = sparse_mla_triton(q, cache, LATENT_SCALE, slots, SOFTMAX_SCALE,
+                                         block_h=block_h, block_n=block_n,
                                          num_warps=num_warps, num_stages=num_stages,
                                          scores_via_memory=scores_via_memory,
-                                         prefetch_keys=scores_via_memory)
+                                         value_splits=value_splits)
     want_out, want_lse = sparse_mla_torch(q.float(), cache, LATENT_SCALE, slots, SOFTMAX_SCALE)
     assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
     assert relative_error(got_out, want_out) < 1e-2

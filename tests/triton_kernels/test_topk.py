@@ -47,6 +47,19 @@ def test_topk_triton_interpreter_matches_torch(interpreted, case):
     assert torch.equal(got, topk_positions_torch(scores, k, lengths))
 
 
+@pytest.mark.parametrize("finish_split, search_ways", [(1, 2), (2, 4), (16, 16)],
+                         ids=["split1_ways2", "split2_ways4", "split16_ways16"])
+def test_topk_triton_interpreter_finish_slices(interpreted, finish_split, search_ways):
+    # The finish's programs each rank one slice of the output: ties (3 levels) straddle the
+    # slice boundaries, which the boundary search must split by position; the -inf and
+    # -0.0 / +0.0 scores of make_scores land inside the answer of the short row.
+    scores = make_scores(3, 200, 3, seed=11)
+    lengths = torch.tensor([200, 70, 0])
+    got = interpreted.topk_triton(scores, 100, lengths, programs_per_row=2,
+                                  finish_split=finish_split, search_ways=search_ways)
+    assert torch.equal(got, topk_positions_torch(scores, 100, lengths))
+
+
 def test_topk_triton_interpreter_rising_scores(interpreted):
     # Scores that grow with the position (recent keys score higher): the strided groups
     # still give a tight threshold, and ties in runs of 3 cross the chunks of two programs.
@@ -105,6 +118,11 @@ def test_topk_triton_rejects_k_beyond_limit(interpreted):
         interpreted.topk_triton(torch.zeros(1, 5), 5000, torch.tensor([5]))
 
 
+def test_topk_triton_rejects_finish_split_not_power_of_two(interpreted):
+    with pytest.raises(ValueError, match=r"finish_split must be a power of two >= 1, got 3"):
+        interpreted.topk_triton(torch.zeros(1, 5), 2, torch.tensor([5]), finish_split=3)
+
+
 def test_topk_triton_rejects_block_size_not_power_of_two(interpreted):
     with pytest.raises(ValueError, match=r"block_size must be a power of two, got 96"):
         interpreted.topk_triton(torch.zeros(1, 5), 2, torch.tensor([5]),
@@ -147,3 +165,21 @@ def test_topk_triton_gpu_writes_slots(length):
     want = positions_to_slots_torch(topk_positions_torch(scores, 2048, lengths), block_table,
                                     row_request, block_size)
     assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("finish_split, search_ways", [(1, 4), (4, 16), (16, 64)],
+                         ids=["split1_ways4", "split4_ways16", "split16_ways64"])
+def test_topk_triton_gpu_finish_variants(finish_split, search_ways):
+    from atomk31.triton_kernels.topk import topk_triton
+
+    # The finish's slices at real size: distinct scores, scores in 5 levels (ties straddle
+    # every slice boundary), rising runs of 4, and a short row.
+    length = 131072
+    scores = make_scores(4, length, 0, seed=5, device="cuda")
+    scores[1] = make_scores(1, length, 5, seed=6, device="cuda")[0]
+    scores[2] = torch.arange(length, device="cuda") // 4
+    lengths = torch.tensor([length, length - 3, length, 3000], device="cuda")
+    got = topk_triton(scores, 2048, lengths, finish_split=finish_split,
+                      search_ways=search_ways)
+    assert torch.equal(got, topk_positions_torch(scores, 2048, lengths))
