@@ -371,8 +371,16 @@ def indexer_score_triton(
             f"index_values must be [num_blocks, block_size={block_size}, ...] with a "
             f"contiguous last dim, got shape {list(index_values.shape)} strides "
             f"{index_values.stride()}")
-    if config is None:
-        config = (fp8_dot_config if use_fp8_dot else default_config)(indexer_score_kernel)
+    if num_positions is None:
+        num_positions = int(row_position.max()) + 1 if num_rows else 0  # a device sync
+    elif num_positions < 0:
+        raise ValueError(f"num_positions must be >= 0, got {num_positions}")
+    if config is None and use_fp8_dot:
+        config = fp8_dot_config(indexer_score_kernel)
+    elif config is None:
+        word_keys = (index_format == "fp8" and index_values.dtype == torch.float8_e4m3fn
+                     and _has_aligned_words(index_values))
+        config = default_config(indexer_score_kernel, num_positions, word_keys)
     is_fp8_dot = config.dot.startswith("fp8")
     if (config.dot not in DOTS or config.k_split not in (1, 4)
             or config.key_convert not in KEY_CONVERTS):
@@ -391,10 +399,6 @@ def indexer_score_triton(
     if key_convert == 2 and config.k_split != 1:
         raise ValueError(f"key_convert 'words' reads all 128 columns at once: k_split must be "
                          f"1, got {config.k_split}")
-    if num_positions is None:
-        num_positions = int(row_position.max()) + 1 if num_rows else 0  # a device sync
-    elif num_positions < 0:
-        raise ValueError(f"num_positions must be >= 0, got {num_positions}")
     scores = torch.empty(num_rows, num_positions, dtype=torch.float32, device=q.device)
     if num_rows == 0 or num_positions == 0:
         return scores
@@ -450,10 +454,16 @@ def indexer_score_triton(
     return scores
 
 
+def _has_aligned_words(index_values: torch.Tensor) -> bool:
+    """Whether the fp8 key rows start on 4-byte boundaries (key_words can view them)."""
+    as_bytes = index_values.view(torch.uint8)
+    return as_bytes.storage_offset() % 4 == 0 and all(s % 4 == 0 for s in as_bytes.stride()[:-1])
+
+
 def key_words(index_values: torch.Tensor) -> torch.Tensor:
     """The fp8 key pages as int32 words of 4 keys' bytes, [num_blocks, block_size, 32]."""
     as_bytes = index_values.view(torch.uint8)
-    if as_bytes.storage_offset() % 4 or any(s % 4 for s in as_bytes.stride()[:-1]):
+    if not _has_aligned_words(index_values):
         raise ValueError(f"key_convert 'words' needs 4-byte aligned key rows, got strides "
                          f"{as_bytes.stride()} at offset {as_bytes.storage_offset()}")
     return as_bytes.view(torch.int32)

@@ -60,6 +60,11 @@ INTERPRETER_CONFIG = IndexerScoreConfig(dot="fp32", block_n=64, num_warps=4, num
 # The exact path on CUDA, round 1's fastest bf16 tiling on the H200 (issue #5): 0.42 ms for
 # 16 requests x 4 rows at 128K keys.
 CUDA_CONFIG = IndexerScoreConfig(dot="bf16", block_n=128, num_stages=4)
+# The same with e4m3fn keys converted from int32 words, for long contexts. Round 2 on the
+# H200, 16 requests x 4 rows: 0.357 ms vs 0.423 at 128K, 2.495 vs 3.020 at 1M, but 0.106 vs
+# 0.098 at 16K (same error, 0.01-0.03 of the bound).
+CUDA_LONG_CONTEXT_CONFIG = replace(CUDA_CONFIG, key_convert="words")
+CUDA_LONG_CONTEXT = 65536  # num_positions from which CUDA_LONG_CONTEXT_CONFIG is the default
 # Opt-in (`use_fp8_dot`, Hopper, e4m3fn keys): the fp8 tensor cores with fp32 sums every
 # K = 32, on 64-key tiles, two programs a multiprocessor. 0.25 ms at 128K on the H200, but
 # its error is 4.1x the op's tolerance (1e-5 |score| + 1e-5 max |score|) at 16K: Hopper
@@ -69,12 +74,19 @@ FP8_OPT_IN_CONFIG = IndexerScoreConfig(dot="fp8_acc32", block_n=64, num_warps=8,
                                        num_stages=6, max_registers=128)
 
 
-def default_config(kernel: object) -> IndexerScoreConfig:
-    """The configuration a launch uses unless told otherwise: by the active target."""
+def default_config(kernel: object, num_positions: int = 0,
+                   word_keys: bool = False) -> IndexerScoreConfig:
+    """The configuration a launch uses unless told otherwise: by the active target.
+
+    num_positions: the context L; word_keys: the keys are e4m3fn fp8 in 4-byte aligned rows
+    (key_convert "words" can read them).
+    """
     if runs_on_interpreter(kernel):
         return INTERPRETER_CONFIG
     target = driver.active.get_current_target()
     if target.backend == "cuda":
+        if word_keys and num_positions >= CUDA_LONG_CONTEXT:
+            return CUDA_LONG_CONTEXT_CONFIG
         return CUDA_CONFIG
     if target.arch == "gfx942":
         # 128-key tiles on 8 warps spilled 13 VGPRs there; 64-key tiles on 4 warps fit.

@@ -110,7 +110,8 @@ def run_intra(
     (kda_prefill_intra.py), as ``tuning`` says; both return the same intermediates."""
     if tuning.intra_split:
         scores = kda_prefill_scores(q, k, g, beta, chunk_start, chunk_len, scale,
-                                    tuning.scores_block_k, tuning.scores_num_warps)
+                                    tuning.scores_block_k, tuning.scores_num_warps,
+                                    tuning.scores_tf32_solve)
         return kda_prefill_gated(q, k, v, g, beta, chunk_start, chunk_len, scores,
                                  intermediate_dtype, tuning.gated_block, tuning.gated_num_warps,
                                  tuning.bf16_products)

@@ -11,7 +11,8 @@ class KdaPrefillTuning:
     """None: the stage launcher's default for the inputs' dtype and the number of requests."""
     intra_split: bool = False           # stage 1 as scores+solve then gated rows+w/u (2 kernels)
     scores_block_k: int = 32            # split stage 1a: head channels per slice
-    scores_num_warps: int = 2           # split stage 1a
+    scores_num_warps: int = 4           # split stage 1a
+    scores_tf32_solve: bool = False     # split stage 1a: solve in TF32 (16-bit inputs only)
     gated_block: int = 64               # split stage 1b: channels per product
     gated_num_warps: int = 4            # split stage 1b
     intra_num_warps: int = 4            # single-kernel stage 1, one program per (chunk, head)
@@ -20,5 +21,5 @@ class KdaPrefillTuning:
     num_warps: int = 4                  # stage 2
     num_stages: int | None = None       # stage 2: software-pipelining depth of its loads
     split_output: bool = True           # output in the chunk-parallel stage 3, not in stage 2
-    bf16_products: bool = True          # stages 2-3, BF16 intermediates only
+    bf16_products: bool = True          # stages 2-3 and 1b, BF16 intermediates only
     output_block_v: int | None = None   # stage 3: value channels per program

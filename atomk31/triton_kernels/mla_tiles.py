@@ -2,11 +2,13 @@
 
 A program owns rows_per_program x block_h query vectors, 512 / value_splits of the value
 columns, and one of num_splits key ranges, walking it block_n keys per step. The defaults
-come from the H200 benchmarks (benchmarks/kernels/bench_sparse_mla.py, bench_dense_mla.py):
-one pipeline stage beat two at every shape measured; 128 keys per step win when one row's
-programs are many (64 sparse rows) or the keys are long (dense decode); with few programs over
-short selections (16 sparse rows) 64 keys per step, probabilities through memory and two
-waves of key splits won.
+come from the H200 benchmarks (benchmarks/kernels/bench_sparse_mla.py, bench_dense_mla.py).
+Round 1: one pipeline stage beat two at every shape measured; 128 keys per step won when one
+row's programs are many (64 sparse rows) or the keys are long (dense decode); with few
+programs over short selections (16 sparse rows) 64 keys per step, probabilities through
+memory and two waves of key splits won. Round 2, for the model's 96 heads with bf16
+products (`_cuda_many_heads_tiles`): 128 query vectors a program over two value-split
+programs, 64 keys a step, and 16 key splits for few programs over short selections.
 """
 
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from atomk31.triton_kernels.runtime import runs_on_interpreter
 
 MIN_TILES_PER_SPLIT = 4  # shorter splits cost more in partial writes and merging than they win
 SHORT_SELECTION = 4096  # keys per row up to which few programs take more, shorter splits
+FEW_SHORT_TILES_PER_SPLIT = 2  # key tiles per split of few programs over a short selection
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,9 @@ def choose_tiles(
     num_heads = q.shape[1]
     is_hip = not is_interpreter and driver.active.get_current_target().backend == "hip"
     is_small_target = is_interpreter or is_fp32 or is_hip
+    tile_knobs = (block_h, block_n, num_warps, num_stages, value_splits, scores_via_memory)
+    if not is_small_target and num_heads > 64 and all(knob is None for knob in tile_knobs):
+        return _cuda_many_heads_tiles(q, num_groups, max_keys, rows_per_program, num_splits)
     if block_h is None:
         # 64 query vectors per program: the smallest Hopper warpgroup product (wgmma M = 64).
         # AMD keeps both dot operands in registers (no shared-memory operand), and float32
@@ -94,6 +100,42 @@ def choose_tiles(
         # One warpgroup per program (4 warps): two programs share a multiprocessor.
         slots = num_sms * (2 if num_warps <= 4 else 1) * (2 if is_few_short else 1)
         num_splits = fewest_splits_filling_waves(num_programs, slots, max_splits)
+    num_splits = max(1, min(num_splits, num_key_tiles))
+    return MlaTiles(block_h, block_n, rows_per_program, num_splits, num_warps, num_stages,
+                    value_splits, scores_via_memory)
+
+
+def _cuda_many_heads_tiles(q: torch.Tensor, num_groups: int, max_keys: int,
+                           rows_per_program: int, num_splits: int | None) -> MlaTiles:
+    """Round 2's fastest tiles on the H200 for 65-128 heads (the model's 96), bf16 / fp8
+    latent, as fractions of the bf16 matrix rate, all within the tests' error:
+    - few programs over a short selection (sparse, 16 rows): 64 heads, 64 keys a step,
+      16 key splits, scores via memory: 9.4% (round 1's sp8 default: 5.4%);
+    - one row a program otherwise (sparse 64 rows; dense 1 row a request): all heads (128)
+      in one program, each of two value-split programs owning half the values, 64 keys a
+      step: sparse 19.4% (16.2%), dense 20.7% / 22.0% at 16K / 128K (18.3 / 19.6);
+    - dense 4 rows a program: 32 heads x 4 rows = 128 query vectors, value splits, one
+      stage: 27.9% / 29.1% (21.5 / 22.6).
+    2 rows a program keeps round 1's choice (not measured since). Every one: 8 warps."""
+    num_head_blocks_of_64 = triton.cdiv(q.shape[1], 64)
+    is_few_short = (num_groups * num_head_blocks_of_64 < 64 and max_keys <= SHORT_SELECTION
+                    and rows_per_program == 1)
+    if is_few_short:
+        block_h, value_splits, num_stages, scores_via_memory = 64, 1, 1, True
+    elif rows_per_program == 1:
+        block_h, value_splits, num_stages, scores_via_memory = 128, 2, 1, False
+    elif rows_per_program == 4:
+        block_h, value_splits, num_stages, scores_via_memory = 32, 2, 1, False
+    else:
+        block_h, value_splits, num_stages, scores_via_memory = 64 // rows_per_program, 1, 2, False
+    block_n, num_warps = 64, 8
+    num_key_tiles = max(1, triton.cdiv(max_keys, block_n))
+    if num_splits is None and is_few_short:
+        num_splits = triton.cdiv(num_key_tiles, FEW_SHORT_TILES_PER_SPLIT)
+    elif num_splits is None:
+        num_programs = num_groups * triton.cdiv(q.shape[1], block_h) * value_splits
+        max_splits = triton.cdiv(num_key_tiles, MIN_TILES_PER_SPLIT)
+        num_splits = fewest_splits_filling_waves(num_programs, _num_sms(q.device), max_splits)
     num_splits = max(1, min(num_splits, num_key_tiles))
     return MlaTiles(block_h, block_n, rows_per_program, num_splits, num_warps, num_stages,
                     value_splits, scores_via_memory)

@@ -28,7 +28,8 @@ masked), so BLOCK_M >= T. Ways to multiply (``MODE``), chosen by the launcher:
   round trip of the B operand).
 * "dot_scaled": tl.dot_scaled on the packed bytes (BF16 activations, GPU only).
 
-E2M1 codes are decoded through FP16 bits (moe_mxfp4_decode.py): a few integer ops, no tables.
+E2M1 codes are decoded through FP16 bits (moe_mxfp4_decode.py) or, in "fma_f32" / "fma_words",
+straight to fp32 bits: a few integer ops, no tables.
 """
 
 import torch

@@ -1,9 +1,11 @@
 """Latent-MoE routing in Triton, and the sort of (token, slot) pairs by expert that the grouped
 GEMMs read (MODEL_SPEC §4.7).
 
-``moe_route``: contract of ``atomk31/ops/moe.py``. The router logits are one GEMM
-(``x.float() @ router_weight.float().T``, fp32 as §8 #13 requires, left to cuBLAS); the
-kernel then does, per token: sigmoid, + correction bias (selection only), top-k by repeated
+``moe_route``: contract of ``atomk31/ops/moe.py``. The router logits are fp32 (§8 #13):
+up to FUSED_ROUTER_MAX_TOKENS tokens the kernel computes them itself (one launch: the few
+microseconds of reading the router weight beat three launches of cast, cuBLAS GEMM and
+kernel); above, one cuBLAS GEMM (``x.float() @ router_weight.float().T``). The kernel then
+does, per token: sigmoid, + correction bias (selection only), top-k by repeated
 arg-max (ties -> lower expert id), weights from the unbiased scores, renormalisation
 (``/ (sum + 1e-20)``) and the routed scaling factor.
 
@@ -21,22 +23,46 @@ import triton.language as tl
 
 # §4.7 / §8 #11: the renormalisation's epsilon.
 RENORMALIZE_EPS = tl.constexpr(1e-20)
+# Up to this many tokens the routing kernel computes the router logits itself (every program
+# reads the whole router weight, E x D fp32: from L2 after the first).
+FUSED_ROUTER_MAX_TOKENS = 64
+
+
+@triton.jit
+def _router_logits(x_ptr, router_ptr, i_t, stride_x, E: tl.constexpr, D: tl.constexpr,
+                   BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+    """fp32 logits [BLOCK_E] of token i_t: x[i_t] . router_weight[e] (fp32 products)."""
+    o_e, o_d = tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_D)
+    m_e = o_e < E
+    b_acc = tl.zeros([BLOCK_E, BLOCK_D], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        m_d = d0 + o_d < D
+        b_x = tl.load(x_ptr + i_t * stride_x + d0 + o_d, mask=m_d, other=0.0).to(tl.float32)
+        b_w = tl.load(router_ptr + o_e.to(tl.int64)[:, None] * D + (d0 + o_d)[None, :],
+                      mask=m_e[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+        b_acc += b_w * b_x[None, :]
+    return tl.sum(b_acc, axis=1)
 
 
 @triton.jit
 def moe_route_kernel(
-    # pointers: logits fp32 [T, E], bias [E], weights fp32 [T, k], ids int32 [T, k]
-    logits_ptr, bias_ptr, weights_ptr, ids_ptr,
+    # pointers: logits fp32 [T, E] (or x [T, D] and router weight [E, D] when FUSED),
+    # bias [E], weights fp32 [T, k], ids int32 [T, k]
+    logits_ptr, x_ptr, router_ptr, bias_ptr, weights_ptr, ids_ptr,
     # scalars
-    scaling_factor,
+    scaling_factor, stride_x,
     # meta-parameters
     E: tl.constexpr, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-    RENORMALIZE: tl.constexpr,
+    RENORMALIZE: tl.constexpr, FUSED: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     i_t = tl.program_id(0).to(tl.int64)
     o_e, o_k = tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_K)
     m_e = o_e < E
-    b_scores = tl.sigmoid(tl.load(logits_ptr + i_t * E + o_e, mask=m_e, other=0.0))
+    if FUSED:
+        b_logits = _router_logits(x_ptr, router_ptr, i_t, stride_x, E, D, BLOCK_E, BLOCK_D)
+    else:
+        b_logits = tl.load(logits_ptr + i_t * E + o_e, mask=m_e, other=0.0)
+    b_scores = tl.sigmoid(b_logits)
     b_bias = tl.load(bias_ptr + o_e, mask=m_e, other=0.0).to(tl.float32)
     b_biased = tl.where(m_e, b_scores + b_bias, float("-inf"))
     b_weights = tl.zeros([BLOCK_K], dtype=tl.float32)
@@ -63,9 +89,12 @@ def moe_route_triton(
     top_k: int,
     renormalize: bool,
     scaling_factor: float,
+    fuse_router: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [T, D]; router_weight: [E, D]; correction_bias: [E]
-    -> (topk_weights fp32 [T, k], topk_ids int32 [T, k]), ids in descending biased score."""
+    -> (topk_weights fp32 [T, k], topk_ids int32 [T, k]), ids in descending biased score.
+
+    fuse_router: logits computed in the kernel (None: up to FUSED_ROUTER_MAX_TOKENS tokens)."""
     num_experts = router_weight.shape[0]
     if x.dim() != 2 or router_weight.shape != (num_experts, x.shape[1]):
         raise ValueError(f"moe_route: expected x [T, D] and router_weight [E, D], got "
@@ -75,16 +104,28 @@ def moe_route_triton(
                          f"got {tuple(correction_bias.shape)}")
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"moe_route: top_k must be in 1..{num_experts} (E), got {top_k}")
-    num_tokens = x.shape[0]
-    logits = (x.float() @ router_weight.float().T).contiguous()           # fp32 (§8 #13)
+    num_tokens, hidden_size = x.shape
+    fused = num_tokens <= FUSED_ROUTER_MAX_TOKENS if fuse_router is None else fuse_router
     weights = torch.empty((num_tokens, top_k), dtype=torch.float32, device=x.device)
     ids = torch.empty((num_tokens, top_k), dtype=torch.int32, device=x.device)
-    if num_tokens:
-        moe_route_kernel[(num_tokens,)](
-            logits, correction_bias.float().contiguous(), weights, ids, scaling_factor,
-            E=num_experts, TOP_K=top_k, BLOCK_E=triton.next_power_of_2(num_experts),
-            BLOCK_K=triton.next_power_of_2(top_k), RENORMALIZE=renormalize, num_warps=4,
-        )
+    if not num_tokens:
+        return weights, ids
+    block_e = triton.next_power_of_2(num_experts)
+    if fused:
+        x = x if x.stride(-1) == 1 else x.contiguous()
+        router_weight = router_weight.contiguous()
+        logits = weights                                   # not read
+    else:
+        logits = (x.float() @ router_weight.float().T).contiguous()       # fp32 (§8 #13)
+    moe_route_kernel[(num_tokens,)](
+        logits, x, router_weight, correction_bias.float().contiguous(), weights, ids,
+        scaling_factor, x.stride(0),
+        E=num_experts, TOP_K=top_k, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k),
+        RENORMALIZE=renormalize, FUSED=fused, D=hidden_size,
+        # [BLOCK_E, BLOCK_D] fp32 partial products: 32 per thread at 8 warps.
+        BLOCK_D=max(16, min(triton.next_power_of_2(hidden_size), 8192 // block_e)),
+        num_warps=8 if fused else 4,
+    )
     return weights, ids
 
 

@@ -224,6 +224,14 @@ CONFIG_BY_MAX_M: tuple[tuple[int | None, GemmConfig], ...] = (
     (256, GemmConfig(64, 128, 128)),
     (None, GemmConfig(128, 128, 128, num_warps=8)),
 )
+# Round 2 on the H200 (vs torch._scaled_mm, same accuracy), CUDA only:
+# * M <= 16: no split K. kv_a (N = 576, K = 7168) at M = 1: 0.0213 ms unsplit vs 0.0648 with
+#   7 splits (fp32 atomics, then a cast); the other decode shapes fill the SMs unsplit anyway.
+CUDA_NO_SPLIT_MAX_M = 16
+# * 17 <= M <= 256 where the tiles fill the SMs unsplit: 64x128x256 tiles, 8 warps, 3 stages.
+#   o_proj at M = 128: 0.0483 ms vs 0.0602 for 64x128x128 on 4 warps. Where they do not
+#   (small N: kv_a), round 1's 64x128x128 tiles with split K.
+CUDA_UNSPLIT_M256_CONFIG = GemmConfig(64, 128, 256, num_warps=8, num_stages=3)
 
 
 def pick_config(m: int, n: int, k: int) -> GemmConfig:
@@ -236,12 +244,17 @@ def pick_config(m: int, n: int, k: int) -> GemmConfig:
 
 def pick_config_for_target(m: int, n: int, k: int, target: GemmTarget) -> GemmConfig:
     """``pick_config`` on a given target (tests check the AMD choices without the driver)."""
-    config = next(c for max_m, c in CONFIG_BY_MAX_M if max_m is None or m <= max_m)
+    max_m, config = next((max_m, c) for max_m, c in CONFIG_BY_MAX_M
+                         if max_m is None or m <= max_m)
     if target.is_amd:
         config = dataclasses.replace(config, num_stages=2, promote_every=None)
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
-    return dataclasses.replace(
-        config, split_k=split_k_to_fill(tiles, k, config.block_k, target.num_sms))
+    split_k = split_k_to_fill(tiles, k, config.block_k, target.num_sms)
+    if not target.is_amd and m <= CUDA_NO_SPLIT_MAX_M:
+        split_k = 1
+    if not target.is_amd and max_m == 256 and split_k == 1:
+        config = CUDA_UNSPLIT_M256_CONFIG  # the same 64x128 tiles, so the same tile count
+    return dataclasses.replace(config, split_k=split_k)
 
 
 def ptpc_quantize_triton(

@@ -11,8 +11,11 @@ fills >= need groups) and for scores that rise or fall with the position.
      over its chunk in registers (no reductions, no atomics) and writes it out;
   1b. topk_threshold_kernel: one program per row merges the per-chunk maxima and finds T0
      once (a many-way search: few dependent block reductions, see kth_largest_key);
-  2. topk_collect_kernel: the programs of a row stream their chunks and append the positions
-     and keys >= T0 to the row's candidate buffer, one atomic add per tile to reserve room.
+  2. topk_stream_collect_kernel (the default): the programs of a row (several per
+     multiprocessor) stream their chunks in small tiles, the next tile's load issued before
+     the current tile is filtered, and append the positions and keys >= T0 to the row's
+     candidate buffer, one atomic add per tile that has any; topk_collect_kernel is round 2's
+     version (4096-position tiles, one load in flight per program: latency-bound).
 """
 
 import triton
@@ -82,10 +85,11 @@ def topk_group_max_kernel(
     # sizes and strides
     chunk_size, num_chunks, stride_scores_row,
     # meta-parameters
-    NUM_GROUPS: tl.constexpr,
+    NUM_GROUPS: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """partial_max[row, chunk, g] = max key of group g within the chunk (KEY_NONE if none);
-    also zeroes the row's candidate counter for stage 2."""
+    also zeroes the row's candidate counter for stage 2. PREFETCH: the full tiles double
+    buffered (not yet measured on the H200), then the tail as without."""
     i_row = tl.program_id(0)
     i_chunk = tl.program_id(1)
     if i_chunk == 0:
@@ -97,6 +101,19 @@ def topk_group_max_kernel(
     end = tl.minimum(start + chunk_size, length)
     o_g = tl.arange(0, NUM_GROUPS)
     b_max = tl.full((NUM_GROUPS,), KEY_NONE, tl.int32)
+    if PREFETCH:
+        # As topk_stream_collect_kernel: tile i + 1 loads while tile i is reduced.
+        num_full = tl.maximum(end - start, 0) // NUM_GROUPS
+        p_chunk = p_row + start
+        x = tl.zeros((NUM_GROUPS,), tl.float32)
+        if num_full > 0:
+            x = tl.load(p_chunk + o_g)
+        for i_tile in range(0, num_full):
+            i_next = tl.minimum(i_tile + 1, num_full - 1)
+            x_next = tl.load(p_chunk + i_next * NUM_GROUPS + o_g)
+            b_max = tl.maximum(b_max, orderable_key(x))
+            x = x_next
+        start += num_full * NUM_GROUPS
     for tile in range(start, end, NUM_GROUPS):
         o_s = tile + o_g
         m_s = o_s < end
@@ -163,6 +180,66 @@ def topk_collect_kernel(
             tl.store(candidate_key_ptr + o_row_buffer + o_out, key, mask=m_out)
 
 
+@triton.jit
+def append_candidates(key, o_s, is_candidate, p_counter, p_pos, p_key, candidate_capacity):
+    """Append the (o_s, key) pairs where is_candidate to a row's buffer (p_pos, p_key): one
+    atomic add reserves room; a tile without candidates (most of them) costs nothing here."""
+    num_candidates = tl.sum(is_candidate.to(tl.int32), 0)
+    if num_candidates > 0:
+        base = tl.atomic_add(p_counter, num_candidates, sem="relaxed")
+        o_out = base + tl.cumsum(is_candidate.to(tl.int32), 0) - 1
+        m_out = is_candidate & (o_out < candidate_capacity)
+        tl.store(p_pos + o_out, o_s, mask=m_out)
+        tl.store(p_key + o_out, key, mask=m_out)
+
+
+@triton.jit
+def topk_stream_collect_kernel(
+    # pointers
+    scores_ptr, lengths_ptr, counter_ptr, threshold_ptr, candidate_pos_ptr, candidate_key_ptr,
+    # sizes and strides
+    chunk_size, stride_scores_row, candidate_capacity,
+    # meta-parameters
+    BLOCK: tl.constexpr,
+):
+    """topk_collect_kernel's result (same buffers, same counter), streamed: chunk_size is a
+    multiple of BLOCK; the full tiles load unmasked (16-byte loads) and tile i + 1 is loaded
+    before tile i is filtered, so a load is in flight while the compare, the atomic add and
+    the stores of the previous tile run (round 2's collect waited on each in turn)."""
+    i_row = tl.program_id(0)
+    i_chunk = tl.program_id(1)
+    length = tl.load(lengths_ptr + i_row).to(tl.int32)
+    threshold = tl.load(threshold_ptr + i_row)
+    p_row = scores_ptr + i_row.to(tl.int64) * stride_scores_row
+    p_counter = counter_ptr + i_row
+    o_row_buffer = i_row.to(tl.int64) * candidate_capacity
+    p_pos = candidate_pos_ptr + o_row_buffer
+    p_key = candidate_key_ptr + o_row_buffer
+    start = i_chunk * chunk_size
+    end = tl.minimum(start + chunk_size, length)
+    num_full = tl.maximum(end - start, 0) // BLOCK
+    o_b = tl.arange(0, BLOCK)
+    p_chunk = p_row + start
+    x = tl.zeros((BLOCK,), tl.float32)
+    if num_full > 0:
+        x = tl.load(p_chunk + o_b)
+    for i_tile in range(0, num_full):
+        # The last iteration reloads its own tile (in bounds, unmasked) instead of branching.
+        i_next = tl.minimum(i_tile + 1, num_full - 1)
+        x_next = tl.load(p_chunk + i_next * BLOCK + o_b)
+        key = orderable_key(x)
+        append_candidates(key, start + i_tile * BLOCK + o_b, key >= threshold, p_counter,
+                          p_pos, p_key, candidate_capacity)
+        x = x_next
+    tail = start + num_full * BLOCK
+    if tail < end:
+        o_s = tail + o_b
+        m_s = o_s < end
+        key = orderable_key(tl.load(p_row + o_s, mask=m_s, other=0.0))
+        append_candidates(key, o_s, m_s & (key >= threshold), p_counter, p_pos, p_key,
+                          candidate_capacity)
+
+
 def histogram_bins(ways: int) -> int:
     """Bins of kth_largest_key's histogram: WAYS + 1 used, padded to a power of two that is a
     multiple of every warp size (32 on NVIDIA, 64 on AMD)."""
@@ -179,4 +256,12 @@ def chunking(num_positions: int, num_groups: int, programs_per_row: int) -> tupl
     num_tiles = max(1, triton.cdiv(num_positions, num_groups))
     num_chunks = min(num_tiles, max(1, programs_per_row))
     chunk_size = triton.cdiv(num_tiles, num_chunks) * num_groups
+    return chunk_size, max(1, triton.cdiv(num_positions, chunk_size))
+
+
+def stream_chunking(num_positions: int, block: int, programs_per_row: int) -> tuple[int, int]:
+    """(chunk_size, num_chunks) of topk_stream_collect_kernel: whole multiples of block."""
+    num_tiles = max(1, triton.cdiv(num_positions, block))
+    num_chunks = min(num_tiles, max(1, programs_per_row))
+    chunk_size = triton.cdiv(num_tiles, num_chunks) * block
     return chunk_size, max(1, triton.cdiv(num_positions, chunk_size))

@@ -41,10 +41,10 @@ def variants() -> dict[str, object]:
 
     return {
         "1-kernel bv64 (default, r1)": T(),
-        "2-kernel bk32 w2": T(intra_split=True),
-        "2k scores bk64 w4": T(intra_split=True, scores_block_k=64, scores_num_warps=4),
-        "2k scores bk32 w4": T(intra_split=True, scores_num_warps=4),
-        "2k scores bk16 w2": T(intra_split=True, scores_block_k=16),
+        "2-kernel bk32 w4": T(intra_split=True),
+        "2k scores bk16 w4": T(intra_split=True, scores_block_k=16),
+        "2k scores bk16 w2": T(intra_split=True, scores_block_k=16, scores_num_warps=2),
+        "2k scores bk32 w2": T(intra_split=True, scores_num_warps=2),
         "2k gated w8": T(intra_split=True, gated_num_warps=8),
     }
 
@@ -88,9 +88,9 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 def stage_times(x: dict[str, torch.Tensor], scale: float,
                 every_variant: bool) -> dict[str, float]:
-    """Milliseconds of stage 1 of every variant (or of the first two, round 1's default and
-    the two-kernel one), and of the scores + solve kernel of the two-kernel ones; then of stages 2 and 3
-    of the default; all launched as kda_prefill_triton does."""
+    """Milliseconds of stage 1 of every variant (or of the first two: round 1's default and
+    the two-kernel one), of the scores + solve kernel of the two-kernel ones, then of stages
+    2 and 3 of the default; all launched as kda_prefill_triton does."""
     from atomk31.triton_kernels.kda_prefill import plan_chunks, run_intra
     from atomk31.triton_kernels.kda_prefill_output import kda_prefill_output
     from atomk31.triton_kernels.kda_prefill_scores import kda_prefill_scores

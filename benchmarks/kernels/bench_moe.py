@@ -9,6 +9,8 @@ about 1e-3 expected) and timed. Figures: weight bytes of the experts in use (pac
 measured side by side: torch._grouped_mm on the same routing with BF16 weights (4x the weight
 bytes). Routing (router GEMM + top-k kernel) is timed alone and with the default experts path.
 
+Routing is timed both ways (logits in the kernel, the default up to 64 tokens, and cuBLAS).
+
 Run: python -m benchmarks.kernels.bench_moe [--out DIR] [--tokens 1 16 4096] [--budget-s 75]
 """
 
@@ -177,6 +179,10 @@ def run(token_counts: list[int], out_dir: Path | None, budget_s: float) -> dict:
                          "fraction_of_matmul_rate": flops / (ms * 1e-3) / matmul_rate,
                          "speedup_vs_peer": peer_ms / ms}
         row["routing_ms"] = time_ms(lambda: moe_route_triton(z, router, bias, TOP_K, True, 1.0))
+        row["routing_gemm_ms"] = time_ms(lambda: moe_route_triton(z, router, bias, TOP_K, True,
+                                                                  1.0, fuse_router=False))
+        fused_ids = moe_route_triton(z, router, bias, TOP_K, True, 1.0, fuse_router=True)[1]
+        row["routing_fused_ids_match"] = bool(torch.equal(fused_ids, ids))
 
         def routed_step():
             w, i = moe_route_triton(z, router, bias, TOP_K, True, 1.0)
@@ -203,7 +209,9 @@ def print_table(rows: list[dict]) -> None:
     for row in rows:
         print(f"{row['tokens']:>6} floors: bytes {row['floor_bytes_us'] / 1e3:.3f} ms, "
               f"flops {row['floor_flops_us'] / 1e3:.3f} ms; {row['experts_used']} experts; "
-              f"routing alone {row['routing_ms']:.3f} ms")
+              f"routing alone {row['routing_ms']:.3f} ms (cuBLAS logits "
+              f"{row['routing_gemm_ms']:.3f} ms; fused ids match: "
+              f"{row['routing_fused_ids_match']})")
         for name, value in row.items():
             if isinstance(value, dict):
                 print(f"{row['tokens']:>6} {name:>28} {value['ms']:8.3f} "

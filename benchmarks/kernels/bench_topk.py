@@ -5,13 +5,15 @@ Cases: random normal scores at 128K, 256K and 1M positions; at 128K also all sco
 with the position (ties in runs of 4). Every variant's result is checked against the op's
 torch implementation (a stable sort: the exact definition) on every case.
 
-Figures per case: eager and CUDA-graph times of the Triton top-k (the default launch, the
-fused slot output, and tuning variants: programs per row, warps, finish programs per row,
-search ways, candidate capacity), the stages alone (graph: group maxima, + threshold,
+Figures per case: eager and CUDA-graph times of the Triton top-k (the default launch: the
+stream collect, finish_split 1, threshold_ways 64, stage 1 at 4 programs per multiprocessor;
+the fused slot output; tuning variants: stage 1 programs per row, finish warps and programs
+per row, search ways of the finish and of stage 2, round 2's collect, the stream collect's
+programs per multiprocessor and tile), the stages alone (graph: group maxima, + threshold,
 + collect, + overflow check; the rest is the finish), torch.topk (no tie rule; the peer the
 goal names) eager and graph, and the exact torch op. Ratios: torch.topk time over ours (same
 mode), and bytes per second (the scores read once) over the copy bandwidth of the same run.
-The last table lines compare the graph times with round 1's (ROUND1_US, H200, 2026-11-29).
+The last table lines compare the graph times with round 2's (ROUND2_US, H200, 2026-11-29).
 
 Usage: python -m benchmarks.kernels.bench_topk [--out DIR] [--quick]
 """
@@ -41,13 +43,16 @@ CASES = {
     "rising_128K": (131072, "rising"),
 }
 QUICK_CASES = ["normal_128K", "normal_1M", "equal_128K", "rising_128K"]
-# Round 1 on the H200, CUDA graph, us: (default launch, best variant = collect_warps4); the
-# design before round 1 (bisection finish) measured 229 / 435 us eager at 128K / 1M.
-ROUND1_US = {"normal_128K": (220.3, 191.0), "normal_1M": (769.0, 637.3),
-             "equal_128K": (249.3, 217.1), "rising_128K": (181.7, 161.8)}
+# Round 2 on the H200, CUDA graph, us: (default launch = finish_split 8, best variant =
+# split1); round 1: 220 / 769 us at 128K / 1M.
+ROUND2_US = {"normal_128K": (238.8, 138.8), "normal_1M": (730.0, 623.4),
+             "equal_128K": (191.0, 138.6), "rising_128K": (196.4, 94.0)}
 STAGE_NAMES = ("group_max", "+threshold", "+collect", "+overflow")
-VARIANT_NAMES = ("ppr_x0.5", "ppr_x2", "collect_warps8", "finish_warps8", "split1", "split4",
-                 "split16", "ways4", "ways64", "capacity4")
+# Also printed: stages 1-3 with round 2's collect, stage 1 with its prefetch.
+EXTRA_STAGE_NAMES = (*STAGE_NAMES, "+collect_round2", "group_max(prefetch)")
+VARIANT_NAMES = ("ppr_x0.5", "ppr_x2", "finish_warps8", "split4", "split8", "ways64",
+                 "threshold_ways16", "group_max_prefetch",
+                 "collect_round2", "collect_ppsm2", "collect_ppsm8", "collect_block1024")
 
 
 def graph_ms(fn: Callable[[], object]) -> float:
@@ -85,14 +90,16 @@ def bench_case(name: str, copy_bw: float, programs_per_sm: int) -> dict:
         "triton": {},
         "ppr_x0.5": {"programs_per_row": max(1, per_row // 2)},
         "ppr_x2": {"programs_per_row": 2 * per_row},
-        "collect_warps8": {"collect_warps": 8},
         "finish_warps8": {"finish_warps": 8},
-        "split1": {"finish_split": 1},
         "split4": {"finish_split": 4},
-        "split16": {"finish_split": 16},
-        "ways4": {"search_ways": 4},
+        "split8": {"finish_split": 8},
         "ways64": {"search_ways": 64},
-        "capacity4": {"capacity_factor": 4},
+        "threshold_ways16": {"threshold_ways": 16},
+        "group_max_prefetch": {"group_max_prefetch": True},
+        "collect_round2": {"collect": "round2"},
+        "collect_ppsm2": {"collect_programs_per_sm": 2},
+        "collect_ppsm8": {"collect_programs_per_sm": 8},
+        "collect_block1024": {"collect_block": 1024},
     }
     result = {"case": name, "rows": NUM_ROWS, "length": length, "k": K, "scores": kind,
               "exact": {},
@@ -114,6 +121,10 @@ def bench_case(name: str, copy_bw: float, programs_per_sm: int) -> dict:
     for stages, stage_name in enumerate(STAGE_NAMES, start=1):
         result["graph_ms"][stage_name] = graph_ms(
             lambda: topk_triton(scores, K, lengths, stages=stages))
+    result["graph_ms"]["group_max(prefetch)"] = graph_ms(
+        lambda: topk_triton(scores, K, lengths, stages=1, group_max_prefetch=True))
+    result["graph_ms"]["+collect_round2"] = graph_ms(
+        lambda: topk_triton(scores, K, lengths, stages=3, collect="round2"))
     result["ms"]["torch.topk"] = time_ms(lambda: torch.topk(scores, K, dim=1))
     result["graph_ms"]["torch.topk"] = graph_ms(lambda: torch.topk(scores, K, dim=1))
     result["ms"]["torch_exact"] = time_ms(lambda: topk_positions_torch(scores, K, lengths))
@@ -140,14 +151,14 @@ def print_table(copy_bw: float, results: list[dict]) -> None:
         print(f"   graph: triton {g['triton'] * 1e3:7.1f} topk {g['torch.topk'] * 1e3:7.1f}"
               f" x{r['graph_speedup_vs_torch_topk']:5.2f}"
               f" BW {r['bandwidth_fraction']['graph_ms:triton']:5.1%} | stages "
-              + " ".join(f"{s} {g[s] * 1e3:.1f}" for s in STAGE_NAMES))
+              + " ".join(f"{s} {g[s] * 1e3:.1f}" for s in EXTRA_STAGE_NAMES))
         print("   graph variants: " + " ".join(f"{v} {g[v] * 1e3:.1f}" for v in VARIANT_NAMES))
-    print("summary (graph us): case: round1 default / round1 best -> now default, best variant")
+    print("summary (graph us): case: round2 default / round2 best -> now default, best variant")
     for r in results:
         g = r["graph_ms"]
         timed = {v: ms for v, ms in g.items() if v in VARIANT_NAMES and r["exact"][v] is True}
         best = min(timed, key=timed.get) if timed else "none"
-        before = ROUND1_US.get(r["case"], (float("nan"), float("nan")))
+        before = ROUND2_US.get(r["case"], (float("nan"), float("nan")))
         print(f"   {r['case']:<12} {before[0]:6.1f} / {before[1]:6.1f} -> {g['triton'] * 1e3:6.1f}"
               f", {best} {timed.get(best, float('nan')) * 1e3:6.1f}"
               f"  torch.topk {g['torch.topk'] * 1e3:6.1f}")
@@ -158,7 +169,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="results directory")
     parser.add_argument("--quick", action="store_true", help=f"only {QUICK_CASES}")
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=None)
-    parser.add_argument("--programs-per-sm", type=int, default=2,
+    parser.add_argument("--programs-per-sm", type=int, default=4,
                         help="the default launch's programs per multiprocessor (variants x0.5, x2)")
     args = parser.parse_args()
     cases = args.cases or (QUICK_CASES if args.quick else list(CASES))

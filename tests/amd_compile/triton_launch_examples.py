@@ -119,6 +119,19 @@ def kda_prefill() -> None:
                        snapshot_at=torch.tensor([[0, 64]]))
 
 
+def kda_prefill_two_kernel_intra() -> None:
+    """The intra-chunk stage as two kernels (scores + inverse, then gated w/u)."""
+    from dataclasses import replace
+
+    from atomk31.triton_kernels.kda_prefill import default_tuning, kda_prefill_triton
+
+    q, k, v, g, beta = _kda_inputs((100, KDA_HEADS))
+    kda_prefill_triton(q, k, v, g, beta, torch.zeros(2, KDA_HEADS, HEAD_DIM, HEAD_DIM),
+                       torch.tensor([0, 70, 100], dtype=torch.int32), HEAD_DIM ** -0.5,
+                       snapshot_at=torch.tensor([[0, 64]]),
+                       tuning=replace(default_tuning(), intra_split=True))
+
+
 def short_conv() -> None:
     from atomk31.triton_kernels.kda_conv import conv_state_after_triton, short_conv_silu_triton
 
@@ -279,13 +292,14 @@ def topk(with_slots: bool) -> Callable[[], None]:
     return run
 
 
-def moe_experts_gemv(mode: str) -> Callable[[], None]:
-    """Both small-batch GEMVs of ``moe_gemv.py`` through their launcher, BF16 activations."""
+def moe_experts_gemv(mode: str | None, num_tokens: int = 3) -> Callable[[], None]:
+    """Both small-batch GEMVs of ``moe_gemv.py`` through their launcher, BF16 activations
+    (mode None: the launcher's choice, which at one token is one program per routed slot)."""
     def run() -> None:
         from atomk31.triton_kernels.moe_gemv import moe_experts_mxfp4_gemv_triton
 
         num_experts, intermediate_size, latent_size = 4, 256, 256
-        topk_ids = torch.tensor([[0, 1], [2, 3], [1, 0]], dtype=torch.int32)
+        topk_ids = torch.tensor([[0, 1], [2, 3], [1, 0]], dtype=torch.int32)[:num_tokens]
         w13 = torch.zeros(num_experts, 2 * intermediate_size, latent_size // 2, dtype=torch.uint8)
         w13_scales = torch.full((num_experts, 2 * intermediate_size, latent_size // 32), 127,
                                 dtype=torch.uint8)
@@ -307,6 +321,7 @@ EXAMPLES: dict[str, Callable[[], None]] = {
     "kda_decode": kda_decode,
     "kda_verify": kda_verify,
     "kda_prefill": kda_prefill,
+    "kda_prefill[two-kernel intra]": kda_prefill_two_kernel_intra,
     "short_conv": short_conv,
     "attn_res": attn_res,
     "gated_rms_norm": gated_rms_norm,
@@ -320,6 +335,9 @@ EXAMPLES: dict[str, Callable[[], None]] = {
     "moe_experts_mxfp4[gemv fma_words]": moe_experts_gemv("fma_words"),
     "moe_experts_mxfp4[gemv dot]": moe_experts_gemv("dot"),
     "moe_experts_mxfp4[gemv dot_scaled]": moe_experts_gemv("dot_scaled"),
+    "moe_experts_mxfp4[gemv fma_f32]": moe_experts_gemv("fma_f32"),
+    "moe_experts_mxfp4[gemv dot_t]": moe_experts_gemv("dot_t"),
+    "moe_experts_mxfp4[gemv 1 token]": moe_experts_gemv(None, num_tokens=1),
     "sparse_mla[fp8 cache]": sparse_mla,
     "dense_mla": dense_mla,
     "topk": topk(with_slots=False),

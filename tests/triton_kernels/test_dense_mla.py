@@ -180,6 +180,26 @@ def test_dense_mla_triton_gpu_verification_rows(rows_per_program, scores_via_mem
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rows_per_request", [1, 2, 4], ids=lambda r: f"rows{r}")
+def test_dense_mla_triton_gpu_default_tiles(rows_per_request):
+    """The launcher's defaults with the engine's host-side hints (H = 96, fp8 latent)."""
+    from atomk31.triton_kernels.dense_mla import dense_mla_triton
+
+    lengths = [1, 2049, 5000, 9001, 17000]
+    block_table, cache = build_cache(lengths, 128, torch.float8_e4m3fn, seed=6, device="cuda")
+    rows = [(r, max(0, n - rows_per_request + j)) for r, n in enumerate(lengths)
+            for j in range(rows_per_request)]
+    row_request, row_position, q = make_rows(rows, 96, seed=7)
+    args = (q.to(torch.bfloat16).cuda(), cache, LATENT_SCALE, block_table, row_request.cuda(),
+            row_position.cuda(), 128, SOFTMAX_SCALE)
+    got_out, got_lse = dense_mla_triton(*args, max_position=max(lengths) - 1,
+                                        rows_per_request=rows_per_request)
+    want_out, want_lse = dense_mla_torch(args[0].float(), *args[1:])
+    assert relative_error(got_out, want_out) < 1e-2
+    assert relative_error(got_lse, want_lse) < 1e-3
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("rows_per_program", [1, 4], ids=lambda r: f"rows{r}")
 def test_dense_mla_triton_gpu_float32_is_exact(rows_per_program):
     """float32 queries and latent: float32 products (the engine's float32 mode)."""

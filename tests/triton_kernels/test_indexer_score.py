@@ -219,6 +219,24 @@ def test_indexer_score_triton_rejects_wrong_head_weights(interpreted):
                                          torch.tensor([0]), torch.tensor([2]), 16)
 
 
+@pytest.mark.parametrize("num_positions, word_keys, want_convert", [
+    (16384, True, "cvt"), (65535, True, "cvt"), (65536, True, "words"), (1 << 20, True, "words"),
+    (1 << 20, False, "cvt")])
+def test_indexer_score_cuda_default_converts_words_at_long_contexts(
+        monkeypatch, num_positions, word_keys, want_convert):
+    from types import SimpleNamespace
+
+    from atomk31.triton_kernels import indexer_score_config as config_module
+
+    target = SimpleNamespace(backend="cuda", arch=90, warp_size=32)
+    fake_driver = SimpleNamespace(active=SimpleNamespace(get_current_target=lambda: target))
+    monkeypatch.setattr(config_module, "runs_on_interpreter", lambda kernel: False)
+    monkeypatch.setattr(config_module, "driver", fake_driver)
+    config = config_module.default_config(None, num_positions, word_keys)
+    assert config.key_convert == want_convert
+    assert config.dot == "bf16" and config.block_n == 128 and config.num_stages == 4
+
+
 # GPU configurations: the default (what the op runs) and the exact bf16 variants. The fp8
 # tensor cores are outside the tolerance on Hopper (opt-in only: tested below, looser).
 GPU_CONFIGS = {

@@ -30,10 +30,13 @@ def router_inputs(num_tokens, hidden, num_experts, seed):
 @pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 16, 4), (7, 100, 16)],
                          ids=["T1-E16-k4", "T7-E100-k16"])
 @pytest.mark.parametrize("renormalize", [True, False], ids=["renorm", "raw"])
-def test_moe_route_triton_matches_torch(num_tokens, num_experts, top_k, renormalize):
-    x, weight, bias = router_inputs(num_tokens, 64, num_experts, seed=num_experts)
+@pytest.mark.parametrize("fuse_router", [True, False], ids=["fused", "gemm"])
+def test_moe_route_triton_matches_torch(num_tokens, num_experts, top_k, renormalize,
+                                        fuse_router):
+    # D = 200: not a multiple of the fused kernel's D block.
+    x, weight, bias = router_inputs(num_tokens, 200, num_experts, seed=num_experts)
     expected_w, expected_ids = moe_route_torch(x, weight, bias, top_k, renormalize, 2.5)
-    w, ids = moe_route_triton(x, weight, bias, top_k, renormalize, 2.5)
+    w, ids = moe_route_triton(x, weight, bias, top_k, renormalize, 2.5, fuse_router)
     assert torch.equal(ids, expected_ids)
     assert_relative_close("weights", w, expected_w, 1e-6)
 
@@ -43,9 +46,10 @@ def test_moe_route_triton_ties_go_to_lower_expert_id():
     weight[5], bias[5] = weight[2], bias[2]                    # experts 2 and 5 always tie
     weight[2] += 10 * x.mean(0)                                # ... and rank high
     weight[5] = weight[2]
-    _, ids = moe_route_triton(x, weight, bias, 4, True, 1.0)
     _, expected_ids = moe_route_torch(x, weight, bias, 4, True, 1.0)
-    assert torch.equal(ids, expected_ids)
+    for fuse_router in (True, False):
+        _, ids = moe_route_triton(x, weight, bias, 4, True, 1.0, fuse_router)
+        assert torch.equal(ids, expected_ids)
     assert ((ids == 2).int().argmax(1) < (ids == 5).int().argmax(1)).all()
 
 

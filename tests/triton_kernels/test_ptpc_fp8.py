@@ -143,6 +143,28 @@ def test_pick_config_fits_gfx942_lds_and_promotes_on_h200(m, n, k):
     assert nvidia.promote_every is not None and nvidia.promote_every <= nvidia.block_k
 
 
+@pytest.mark.parametrize("m, n, k, want", [
+    (1, 576, 7168, (16, 64, 256, 1, 4, 4)),         # kv_a decode: no split K on CUDA
+    (16, 576, 7168, (16, 64, 256, 1, 4, 4)),
+    (1, 7168, 12288, (16, 64, 256, 1, 4, 4)),       # o_proj decode
+    (48, 576, 7168, (64, 64, 256, 7, 4, 4)),        # M 17-64: round 1's split K
+    (128, 7168, 12288, (64, 128, 256, 1, 8, 3)),    # o_proj M = 128: round 2's winner
+    (128, 576, 7168, (64, 128, 128, 12, 4, 4)),     # kv_a M = 128: round 1's split K
+    (1024, 576, 7168, (128, 128, 128, 3, 8, 4)),    # kv_a M = 1024: round 1's choice
+    (4096, 7168, 12288, (128, 128, 128, 1, 8, 4)),
+])
+def test_pick_config_cuda_defaults_on_h200(m, n, k, want):
+    config = pick_config_for_target(m, n, k, H200)
+    assert (config.block_m, config.block_n, config.block_k, config.split_k, config.num_warps,
+            config.num_stages) == want
+
+
+def test_pick_config_amd_keeps_round_1_tiles():
+    assert pick_config_for_target(1, 576, 7168, GFX942).split_k > 1
+    amd = pick_config_for_target(128, 7168, 12288, GFX942)
+    assert (amd.block_m, amd.block_n, amd.block_k, amd.num_warps) == (64, 128, 128, 4)
+
+
 def quantizer_mismatch_report(x, q, scale, expected_q, expected_scale) -> str:
     """Where the Triton quantizer and the torch op disagree, with float64 arithmetic as the
     judge (which side is off, and for which values)."""
@@ -181,7 +203,7 @@ def scaled_mm_relative_error(x_q, x_scale, w_q, w_scale, expected) -> float:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 16, 300, 2048], ids=lambda m: f"M{m}")
+@pytest.mark.parametrize("m", [1, 16, 128, 300, 1024, 2048], ids=lambda m: f"M{m}")
 @pytest.mark.parametrize("n,k", [(7168, 12288), (576, 7168), (24576, 512)],
                          ids=["o_proj", "kv_a", "kv_b"])
 def test_ptpc_linear_triton_proxy_shapes_gpu(m, n, k):

@@ -135,6 +135,61 @@ def test_fewest_splits_filling_waves_on_132_multiprocessors(num_programs, max_sp
     assert fewest_splits_filling_waves(num_programs, 132, max_splits) == want
 
 
+# (rows a program, programs' row groups, keys) -> (block_h, block_n, splits, warps, stages,
+# value splits, scores via memory) of round 2's fastest tiles for 96 heads on CUDA.
+CUDA_96_HEAD_TILES = [
+    ((1, 16, 2048), (64, 64, 16, 8, 1, 1, True)),  # sparse, 16 rows
+    ((1, 64, 2048), (128, 64, 1, 8, 1, 2, False)),  # sparse, 64 rows
+    ((1, 16, 131072), (128, 64, 1, 8, 1, 2, False)),  # dense, 1 row a request
+    ((4, 16, 16384), (32, 64, 1, 8, 1, 2, False)),  # dense, 4 rows a request
+    ((2, 16, 16384), (32, 64, 1, 8, 2, 1, False)),  # 2 rows: round 1's choice
+]
+
+
+@pytest.mark.parametrize("shape, want", CUDA_96_HEAD_TILES,
+                         ids=["sparse16", "sparse64", "dense1", "dense4", "dense2"])
+def test_choose_tiles_cuda_defaults_for_96_heads(monkeypatch, shape, want):
+    from types import SimpleNamespace
+
+    from atomk31.triton_kernels import mla_tiles
+
+    target = SimpleNamespace(backend="cuda", arch=90, warp_size=32)
+    monkeypatch.setattr(mla_tiles, "driver", SimpleNamespace(
+        active=SimpleNamespace(get_current_target=lambda: target)))
+    rows_per_program, num_groups, max_keys = shape
+    q = torch.empty(0, 96, 576)  # a CPU tensor: one multiprocessor, so one split by waves
+    tiles = mla_tiles.choose_tiles(q, False, False, num_groups, max_keys, rows_per_program)
+    assert (tiles.block_h, tiles.block_n, tiles.num_splits, tiles.num_warps, tiles.num_stages,
+            tiles.value_splits, tiles.scores_via_memory) == want
+    # A caller's tile knob keeps round 1's rule for the rest (value_splits default 1).
+    fixed = mla_tiles.choose_tiles(q, False, False, num_groups, max_keys, rows_per_program,
+                                   block_h=64 // rows_per_program)
+    assert fixed.value_splits == 1
+    # float32 products keep the small tiles.
+    assert mla_tiles.choose_tiles(q, True, False, num_groups, max_keys,
+                                  rows_per_program).block_n == 16
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_rows", [16, 64], ids=lambda n: f"Nq{n}")
+def test_sparse_mla_triton_gpu_default_tiles(num_rows):
+    """The launcher's defaults at the benchmark's shapes (H = 96, k = 2048, fp8 latent)."""
+    from atomk31.triton_kernels.sparse_mla import sparse_mla_triton
+
+    num_blocks, block_size, k = 160, 128, 2048
+    cache = make_latent_cache(num_blocks, block_size, torch.float8_e4m3fn, seed=5,
+                              device="cuda")
+    slots = make_slots(num_rows, k, num_blocks * block_size, 0.05, seed=6).cuda()
+    slots[1, 100:] = -1  # a short selection
+    q = torch.randn(num_rows, 96, 576, generator=torch.Generator().manual_seed(7))
+    q = q.to(torch.bfloat16).cuda()
+    got_out, got_lse = sparse_mla_triton(q, cache, LATENT_SCALE, slots, SOFTMAX_SCALE)
+    want_out, want_lse = sparse_mla_torch(q.float(), cache, LATENT_SCALE, slots, SOFTMAX_SCALE)
+    assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
+    assert relative_error(got_out, want_out) < 1e-2
+    assert relative_error(got_lse, want_lse) < 1e-3
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("block_h, block_n, num_warps, num_stages, scores_via_memory, value_splits",
                          [(64, 64, 4, 1, False, 1), (64, 128, 8, 1, False, 1),

@@ -56,7 +56,8 @@ def test_topk_triton_interpreter_finish_slices(interpreted, finish_split, search
     scores = make_scores(3, 200, 3, seed=11)
     lengths = torch.tensor([200, 70, 0])
     got = interpreted.topk_triton(scores, 100, lengths, programs_per_row=2,
-                                  finish_split=finish_split, search_ways=search_ways)
+                                  finish_split=finish_split, search_ways=search_ways,
+                                  threshold_ways=search_ways)
     assert torch.equal(got, topk_positions_torch(scores, 100, lengths))
 
 
@@ -94,6 +95,21 @@ def test_topk_triton_interpreter_minus_inf_tail(interpreted):
     assert torch.equal(got, topk_positions_torch(scores, 30, lengths))
 
 
+@pytest.mark.parametrize("options", [{"collect": "round2"}, {"collect_programs_per_sm": 64},
+                                     {"collect_programs_per_sm": 1},
+                                     {"group_max_prefetch": True, "programs_per_row": 1}],
+                         ids=["collect_round2", "stream_64_per_sm", "stream_1_per_sm",
+                              "group_max_prefetch_1_per_row"])
+def test_topk_triton_interpreter_collect_variants(interpreted, options):
+    # The stream collect's chunks: many (some past a short row's end: empty) or one per row;
+    # lengths of 1 and not a multiple of its tile; round 2's collect still selectable; stage
+    # 1's prefetch over a chunk of two full tiles and a tail.
+    scores = make_scores(3, 301, 4, seed=21)
+    lengths = torch.tensor([301, 1, 250])
+    got = interpreted.topk_triton(scores, 40, lengths, **{"programs_per_row": 2, **options})
+    assert torch.equal(got, topk_positions_torch(scores, 40, lengths))
+
+
 def test_topk_triton_interpreter_writes_slots(interpreted):
     generator = torch.Generator().manual_seed(9)
     block_size, num_rows, length, k = 16, 3, 90, 20
@@ -123,6 +139,12 @@ def test_topk_triton_rejects_finish_split_not_power_of_two(interpreted):
         interpreted.topk_triton(torch.zeros(1, 5), 2, torch.tensor([5]), finish_split=3)
 
 
+def test_topk_triton_rejects_unknown_collect(interpreted):
+    with pytest.raises(ValueError, match=r"collect must be one of \('stream', 'round2'\), "
+                                         r"got 'fast'"):
+        interpreted.topk_triton(torch.zeros(1, 5), 2, torch.tensor([5]), collect="fast")
+
+
 def test_topk_triton_rejects_block_size_not_power_of_two(interpreted):
     with pytest.raises(ValueError, match=r"block_size must be a power of two, got 96"):
         interpreted.topk_triton(torch.zeros(1, 5), 2, torch.tensor([5]),
@@ -145,6 +167,24 @@ def test_topk_triton_gpu_matches_torch(length):
     lengths = torch.tensor([length, min(length, 2049), min(length, 100), 0, length, length,
                             max(0, length - 1), length], device="cuda")
     got = topk_triton(scores, 2048, lengths)
+    assert torch.equal(got, topk_positions_torch(scores, 2048, lengths))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("options", [{"collect": "round2"}, {"collect_programs_per_sm": 2},
+                                     {"collect_block": 1024}, {"group_max_prefetch": True}],
+                         ids=["collect_round2", "stream_2_per_sm", "stream_block1024",
+                              "group_max_prefetch"])
+def test_topk_triton_gpu_collect_variants(options):
+    from atomk31.triton_kernels.topk import topk_triton
+
+    # The collect variants at real size: distinct scores at 1M, ties, rising runs, a short row.
+    length = 1 << 20
+    scores = make_scores(4, length, 0, seed=7, device="cuda")
+    scores[1] = make_scores(1, length, 5, seed=8, device="cuda")[0]
+    scores[2] = torch.arange(length, device="cuda") // 4
+    lengths = torch.tensor([length, length - 3, length - 2047, 3001], device="cuda")
+    got = topk_triton(scores, 2048, lengths, **options)
     assert torch.equal(got, topk_positions_torch(scores, 2048, lengths))
 
 
