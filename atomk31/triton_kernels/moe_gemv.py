@@ -361,13 +361,19 @@ def moe_down_gemv_kernel(
 
 
 def default_mode(num_tokens: int) -> str:
-    """H200, 2026-11-29: FMA wins at one token (0.250 ms vs 0.264 ms for "dot"); from two
-    tokens the tensor cores do (4 tokens: 0.655 ms vs 1.153 ms)."""
-    return "fma" if num_tokens <= 1 else "dot"
+    """H200, 2026-11-29 (round 2): FMA wins at one token (0.221 ms vs 0.264 ms for "dot");
+    from two tokens the tensor cores do, weights as the first operand ("dot_t", 64 rows: 4 /
+    16 / 64 tokens 0.637 / 0.880 / 1.298 ms vs "dot" 0.667 / 0.897 / 1.445). "fma_f32" was
+    faster still at one token (0.170 ms) but is exact only for E8M0 scales below 2^65 and
+    activations below 2^64, which the launcher cannot check without reading the device."""
+    return "fma" if num_tokens <= 1 else "dot_t"
 
 
 def default_block_n(num_tokens: int, mode: str) -> int:
-    """H200, 2026-11-29: "dot" at 16 tokens 0.889 ms with 64 rows vs 0.927 ms with 32."""
+    """H200, 2026-11-29: "dot" at 16 tokens 0.889 ms with 64 rows vs 0.927 ms with 32;
+    "dot_t" with 64 rows at 4-64 tokens (above)."""
+    if mode == "dot_t":
+        return 64
     return 64 if mode.startswith("dot") and num_tokens > 4 else 32
 
 

@@ -58,6 +58,7 @@ def topk_triton(
     search_ways: int = 16,
     threshold_ways: int = 64,
     group_max_prefetch: bool = False,
+    threshold_parts: int = 4,
     collect: str = "stream",
     collect_programs_per_sm: int = 4,
     collect_block: int = 2048,
@@ -79,7 +80,9 @@ def topk_triton(
     ways64 was faster in every case), `collect` ("stream": topk_stream_collect_kernel with
     `collect_programs_per_sm` programs per multiprocessor over all rows and `collect_block`
     positions per tile, a power of two; "round2": topk_collect_kernel on stage 1's grid).
-    `group_max_prefetch` (stage 1 loads its next tile while reducing the current one).
+    `group_max_prefetch` (stage 1 loads its next tile while reducing the current one),
+    `threshold_parts` (stage 2 merges that many chunks' maxima per load, a power of two; 1:
+    round 2's one chunk at a time).
     `stages` < 5 launches only the first stages (for timing them; the output is then not
     written).
     """
@@ -104,7 +107,7 @@ def topk_triton(
     if collect_programs_per_sm < 1:
         raise ValueError(f"collect_programs_per_sm must be >= 1, got {collect_programs_per_sm}")
     for name, value in (("finish_split", finish_split), ("search_ways", search_ways),
-                        ("threshold_ways", threshold_ways),
+                        ("threshold_ways", threshold_ways), ("threshold_parts", threshold_parts),
                         ("collect_block", collect_block)):
         if value < 1 or value & (value - 1):
             raise ValueError(f"{name} must be a power of two >= 1, got {value}")
@@ -147,7 +150,7 @@ def topk_triton(
     topk_threshold_kernel[(num_rows,)](
         partial_max, lengths, threshold, k, num_chunks,
         NUM_GROUPS=num_groups, WAYS=max(2, threshold_ways),
-        BINS=histogram_bins(max(2, threshold_ways)),
+        BINS=histogram_bins(max(2, threshold_ways)), PARTS=threshold_parts,
         num_warps=finish_warps)
     if stages < 3:
         return out

@@ -130,17 +130,27 @@ def topk_threshold_kernel(
     # sizes
     k, num_chunks,
     # meta-parameters
-    NUM_GROUPS: tl.constexpr, WAYS: tl.constexpr, BINS: tl.constexpr,
+    NUM_GROUPS: tl.constexpr, WAYS: tl.constexpr, BINS: tl.constexpr, PARTS: tl.constexpr,
 ):
-    """threshold[row] = T0, the need-th largest group maximum of the row."""
+    """threshold[row] = T0, the need-th largest group maximum of the row. PARTS > 1 loads
+    that many chunks' maxima per iteration (one load in flight per chunk was round 2's cost:
+    num_chunks dependent round trips); PARTS = 1 is round 2's loop."""
     i_row = tl.program_id(0)
     length = tl.load(lengths_ptr + i_row).to(tl.int32)
     need = tl.maximum(tl.minimum(k, length), 1)  # an empty row collects nothing anyway
     o_g = tl.arange(0, NUM_GROUPS)
     p_partial = partial_max_ptr + i_row.to(tl.int64) * num_chunks * NUM_GROUPS
     b_max = tl.full((NUM_GROUPS,), KEY_NONE, tl.int32)
-    for i_part in range(0, num_chunks):
-        b_max = tl.maximum(b_max, tl.load(p_partial + i_part * NUM_GROUPS + o_g))
+    if PARTS == 1:
+        for i_part in range(0, num_chunks):
+            b_max = tl.maximum(b_max, tl.load(p_partial + i_part * NUM_GROUPS + o_g))
+    else:
+        o_p = tl.arange(0, PARTS)
+        for i_part in range(0, num_chunks, PARTS):
+            m_p = (i_part + o_p) < num_chunks
+            b_part = tl.load(p_partial + (i_part + o_p)[:, None] * NUM_GROUPS + o_g[None, :],
+                             mask=m_p[:, None], other=KEY_NONE)
+            b_max = tl.maximum(b_max, tl.max(b_part, 0))
     tl.store(threshold_ptr + i_row, kth_largest_key(b_max, need, tl.min(b_max, 0), WAYS,
                                                    BINS))
 

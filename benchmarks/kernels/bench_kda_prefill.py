@@ -228,10 +228,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1x8K, 1x32K and 4x8K only")
     parser.add_argument("--out", type=Path, default=None, help="directory for the JSON result")
+    parser.add_argument("--cases", nargs="+", default=None,
+                        help="run only these cases (names as printed, e.g. 1x8K)")
     args = parser.parse_args()
     cases = {CHECK_CASE: [8192], "1x32K": [32768], "4x8K": [8192] * 4}
     if not args.quick:
         cases["1x64K"] = [65536]
+    if args.cases:
+        unknown = sorted(set(args.cases) - set(cases))
+        if unknown:
+            parser.error(f"unknown cases {unknown}; choose from {sorted(cases)}")
+        cases = {name: lengths for name, lengths in cases.items() if name in args.cases}
     run(cases, args.out)
 
 

@@ -6,10 +6,10 @@ with the position (ties in runs of 4). Every variant's result is checked against
 torch implementation (a stable sort: the exact definition) on every case.
 
 Figures per case: eager and CUDA-graph times of the Triton top-k (the default launch: the
-stream collect, finish_split 1, threshold_ways 64, stage 1 at 4 programs per multiprocessor;
+stream collect, finish_split 1, threshold_ways 64 and parts 4, stage 1 at 4 programs per SM;
 the fused slot output; tuning variants: stage 1 programs per row, finish warps and programs
-per row, search ways of the finish and of stage 2, round 2's collect, the stream collect's
-programs per multiprocessor and tile), the stages alone (graph: group maxima, + threshold,
+per row, search ways of the finish and of stage 2, stage 2's parts, round 2's collect, the
+stream collect's programs per multiprocessor and tile), the stages alone (graph: group maxima, + threshold,
 + collect, + overflow check; the rest is the finish), torch.topk (no tie rule; the peer the
 goal names) eager and graph, and the exact torch op. Ratios: torch.topk time over ours (same
 mode), and bytes per second (the scores read once) over the copy bandwidth of the same run.
@@ -51,7 +51,7 @@ STAGE_NAMES = ("group_max", "+threshold", "+collect", "+overflow")
 # Also printed: stages 1-3 with round 2's collect, stage 1 with its prefetch.
 EXTRA_STAGE_NAMES = (*STAGE_NAMES, "+collect_round2", "group_max(prefetch)")
 VARIANT_NAMES = ("ppr_x0.5", "ppr_x2", "finish_warps8", "split4", "split8", "ways64",
-                 "threshold_ways16", "group_max_prefetch",
+                 "threshold_ways16", "threshold_parts1", "group_max_prefetch",
                  "collect_round2", "collect_ppsm2", "collect_ppsm8", "collect_block1024")
 
 
@@ -95,6 +95,7 @@ def bench_case(name: str, copy_bw: float, programs_per_sm: int) -> dict:
         "split8": {"finish_split": 8},
         "ways64": {"search_ways": 64},
         "threshold_ways16": {"threshold_ways": 16},
+        "threshold_parts1": {"threshold_parts": 1},
         "group_max_prefetch": {"group_max_prefetch": True},
         "collect_round2": {"collect": "round2"},
         "collect_ppsm2": {"collect_programs_per_sm": 2},

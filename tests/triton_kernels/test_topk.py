@@ -97,13 +97,17 @@ def test_topk_triton_interpreter_minus_inf_tail(interpreted):
 
 @pytest.mark.parametrize("options", [{"collect": "round2"}, {"collect_programs_per_sm": 64},
                                      {"collect_programs_per_sm": 1},
-                                     {"group_max_prefetch": True, "programs_per_row": 1}],
+                                     {"group_max_prefetch": True, "programs_per_row": 1},
+                                     {"threshold_parts": 1, "programs_per_row": 3},
+                                     {"threshold_parts": 2, "programs_per_row": 3}],
                          ids=["collect_round2", "stream_64_per_sm", "stream_1_per_sm",
-                              "group_max_prefetch_1_per_row"])
+                              "group_max_prefetch_1_per_row", "threshold_parts1",
+                              "threshold_parts2_of_3_chunks"])
 def test_topk_triton_interpreter_collect_variants(interpreted, options):
     # The stream collect's chunks: many (some past a short row's end: empty) or one per row;
     # lengths of 1 and not a multiple of its tile; round 2's collect still selectable; stage
-    # 1's prefetch over a chunk of two full tiles and a tail.
+    # 1's prefetch over a chunk of two full tiles and a tail; stage 2 merging 3 chunks' maxima
+    # one at a time or two at a time (the last load half masked).
     scores = make_scores(3, 301, 4, seed=21)
     lengths = torch.tensor([301, 1, 250])
     got = interpreted.topk_triton(scores, 40, lengths, **{"programs_per_row": 2, **options})
@@ -172,9 +176,10 @@ def test_topk_triton_gpu_matches_torch(length):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("options", [{"collect": "round2"}, {"collect_programs_per_sm": 2},
-                                     {"collect_block": 1024}, {"group_max_prefetch": True}],
+                                     {"collect_block": 1024}, {"group_max_prefetch": True},
+                                     {"threshold_parts": 1}],
                          ids=["collect_round2", "stream_2_per_sm", "stream_block1024",
-                              "group_max_prefetch"])
+                              "group_max_prefetch", "threshold_parts1"])
 def test_topk_triton_gpu_collect_variants(options):
     from atomk31.triton_kernels.topk import topk_triton
 
