@@ -53,12 +53,16 @@ def environment() -> dict:
     import triton
 
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=True, cwd=RESULTS_DIR.parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        # the device machine gets the working tree without .git: the caller passes the commit
-        commit = os.environ.get("ATOMK31_COMMIT", "unknown")
+    # The device machine's copy of the tree may carry no .git, or a stale one (seen
+    # 2026-11-29: an older HEAD), so a commit passed by the caller wins.
+    commit = os.environ.get("ATOMK31_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                    text=True, check=True,
+                                    cwd=RESULTS_DIR.parent).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            commit = "unknown"
     return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
             "cuda": torch.version.cuda, "hip": torch.version.hip,
             "python": platform.python_version(), "commit": commit,

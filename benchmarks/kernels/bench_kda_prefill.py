@@ -40,10 +40,10 @@ def variants() -> dict[str, object]:
     from atomk31.triton_kernels.kda_prefill_tuning import KdaPrefillTuning as T
 
     return {
-        "1-kernel bv64 (default, r1)": T(),
+        "1-kernel bv64 (fp32 default)": T(),
         "2-kernel bk32 w4": T(intra_split=True),
         "2k scores bk16 w4": T(intra_split=True, scores_block_k=16),
-        "2k scores bk16 w2": T(intra_split=True, scores_block_k=16, scores_num_warps=2),
+        "2k scores bk16 w2 (bf16 default)": T(intra_split=True, scores_block_k=16, scores_num_warps=2),
         "2k scores bk32 w2": T(intra_split=True, scores_num_warps=2),
         "2k gated w8": T(intra_split=True, gated_num_warps=8),
     }

@@ -129,7 +129,7 @@ def kda_prefill_two_kernel_intra() -> None:
     kda_prefill_triton(q, k, v, g, beta, torch.zeros(2, KDA_HEADS, HEAD_DIM, HEAD_DIM),
                        torch.tensor([0, 70, 100], dtype=torch.int32), HEAD_DIM ** -0.5,
                        snapshot_at=torch.tensor([[0, 64]]),
-                       tuning=replace(default_tuning(), intra_split=True))
+                       tuning=replace(default_tuning(q.dtype), intra_split=True))
 
 
 def short_conv() -> None:
@@ -276,7 +276,10 @@ def dense_mla() -> None:
                      block_size, 576 ** -0.5, rows_per_request=4)
 
 
-def topk(with_slots: bool) -> Callable[[], None]:
+def topk(with_slots: bool, collect: str = "stream",
+         group_max_prefetch: bool = False) -> Callable[[], None]:
+    """Top-k of three rows (1, 3000 and 5000 long); `collect` / `group_max_prefetch` reach the
+    non-default stage kernels."""
     def run() -> None:
         from atomk31.triton_kernels.topk import topk_triton
 
@@ -288,7 +291,8 @@ def topk(with_slots: bool) -> Callable[[], None]:
                         torch.arange(num_blocks, dtype=torch.int32)[None],
                         torch.zeros(num_rows, dtype=torch.int32), block_size)
         else:
-            topk_triton(torch.randn(num_rows, num_positions), 2048, lengths)
+            topk_triton(torch.randn(num_rows, num_positions), 2048, lengths, collect=collect,
+                        group_max_prefetch=group_max_prefetch)
     return run
 
 
@@ -342,4 +346,6 @@ EXAMPLES: dict[str, Callable[[], None]] = {
     "dense_mla": dense_mla,
     "topk": topk(with_slots=False),
     "topk[slots]": topk(with_slots=True),
+    "topk[round2 collect, stage 1 prefetch]": topk(with_slots=False, collect="round2",
+                                                   group_max_prefetch=True),
 }

@@ -9,7 +9,7 @@ import triton.language as tl
 
 from atomk31.ops.indexer_score import indexer_score_torch
 from atomk31.ops.kv_write import kv_write_torch
-from atomk31.triton_kernels.indexer_score import e4m3fn_bits_as_float, e4m3fn_words_as_float
+from atomk31.triton_kernels.indexer_score_keys import e4m3fn_bits_as_float, e4m3fn_words_as_float
 
 KERNEL_MODULES = ("atomk31.triton_kernels.kv_write", "atomk31.triton_kernels.indexer_score")
 KEY_FORMATS = [("fp8", "e4m3fn"), ("fp8", "e4m3fnuz"), ("mxfp4", "e4m3fn")]
