@@ -16,6 +16,10 @@ Contracts (T = tokens, D = hidden size, E = routed experts, k = top_k, Dl = late
   ``u[t] = sum_j topk_weights[t, j] * W2_e (situ_glu(W1_e z_t, W3_e z_t))`` with
   ``e = topk_ids[t, j]``. ``w13`` fuses gate (rows 0..F-1 = ``w1``) over up (rows F..2F-1 =
   ``w3``); MXFP4 per §3.3 (low nibble = even input index, one E8M0 scale per 32 inputs).
+  ``fp8_down_activations=True`` (issue #6, opt-in; default False): the SiTU-GLU output h
+  [pairs, F] goes through MXFP8 (``atomk31/quant/mxfp8.py``: e4m3fn values, one E8M0 scale
+  per 32 along F, OCP rule ``e = floor(log2 amax) - 8``) straight from its fp32 value (no
+  rounding to z's dtype first), and the down projection multiplies the dequantized values.
 * ``moe_experts_dense(z, topk_weights, topk_ids, w13 [E, 2F, Dl], w2 [E, Dl, F], beta,
   linear_beta) -> u fp32 [T, Dl]``: the same for a dequantized (BF16 or fp32) checkpoint.
 
@@ -24,7 +28,8 @@ output is rounded to ``z.dtype`` before the down projection (the engine stores a
 as BF16, §4.8; exact fp32 when z is fp32). The torch implementation groups the (token, slot)
 pairs by expert and dequantizes each used expert once. The routed sum is returned before
 ``routed_expert_norm`` (under TP it must be all-reduced first, §4.7). Tests: fp32 within
-1e-5 relative of a per-token loop; routing ids exact.
+1e-5 relative of a per-token loop; routing ids exact; with fp8_down_activations the Triton
+kernels write the same MXFP8 bytes and match this op to 1e-5 (interpreter) / 1e-2 (BF16 GPU).
 """
 
 from collections.abc import Callable
@@ -34,6 +39,7 @@ import torch
 from atomk31.ops.activation import situ_glu_torch
 from atomk31.ops.registry import register
 from atomk31.quant import dequantize_mxfp4
+from atomk31.quant.mxfp8 import dequantize_mxfp8, quantize_mxfp8
 
 # §4.7: the renormalisation's epsilon (DEFINED HERE in §8 #11).
 RENORMALIZE_EPS = 1e-20
@@ -82,8 +88,11 @@ def moe_experts_mxfp4_torch(
     w2_scales: torch.Tensor,
     beta: float,
     linear_beta: float | None,
+    fp8_down_activations: bool = False,
 ) -> torch.Tensor:
-    """Routed experts from MXFP4 weights. z: [T, Dl] -> u fp32 [T, Dl] (see module docstring)."""
+    """Routed experts from MXFP4 weights. z: [T, Dl] -> u fp32 [T, Dl] (see module docstring).
+
+    fp8_down_activations: h in MXFP8 (e4m3fn + E8M0 per 32) before the down projection."""
     num_experts, two_f, half_latent = w13_packed.shape
     latent_size, intermediate_size = 2 * half_latent, two_f // 2
     expected = {
@@ -112,7 +121,8 @@ def moe_experts_mxfp4_torch(
                 dequantize_mxfp4(w2_packed[e], w2_scales[e]))
 
     return _run_experts(z, topk_weights, topk_ids, num_experts, latent_size,
-                        expert_weights, beta, linear_beta, "moe_experts_mxfp4")
+                        expert_weights, beta, linear_beta, "moe_experts_mxfp4",
+                        fp8_down_activations)
 
 
 def moe_experts_dense_torch(
@@ -149,6 +159,7 @@ def _run_experts(
     beta: float,
     linear_beta: float | None,
     op: str,
+    fp8_down_activations: bool = False,
 ) -> torch.Tensor:
     """Group (token, slot) pairs by expert; run each used expert once on its tokens."""
     if z.dim() != 2 or z.shape[1] != latent_size:
@@ -179,7 +190,11 @@ def _run_experts(
         w13, w2 = expert_weights(expert)                       # [2F, Dl], [Dl, F] fp32
         gate_up = z[tokens].float() @ w13.T                    # [n, 2F]
         gate, up = gate_up.chunk(2, dim=-1)                    # [gate | up] order (§4.8)
-        hidden = situ_glu_torch(gate, up, beta, linear_beta).to(z.dtype).float()
+        hidden = situ_glu_torch(gate, up, beta, linear_beta)       # fp32
+        if fp8_down_activations:
+            hidden = dequantize_mxfp8(*quantize_mxfp8(hidden))
+        else:
+            hidden = hidden.to(z.dtype).float()
         out.index_add_(0, tokens, (hidden @ w2.T) * flat_weights[slots, None])
     return out
 
@@ -207,11 +222,12 @@ def moe_experts_mxfp4_triton(
     z: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
     w13_packed: torch.Tensor, w13_scales: torch.Tensor, w2_packed: torch.Tensor,
     w2_scales: torch.Tensor, beta: float, linear_beta: float | None,
+    fp8_down_activations: bool = False,
 ) -> torch.Tensor:
     from atomk31.triton_kernels.moe_grouped_gemm import moe_experts_mxfp4_triton as kernel
 
     return kernel(z, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed, w2_scales,
-                  beta, linear_beta)
+                  beta, linear_beta, fp8_down_activations=fp8_down_activations)
 
 
 register("moe_route", "triton", moe_route_triton, _needs_gpu)

@@ -16,12 +16,20 @@ times ``2^(scale - 127)`` is exact in BF16, so the BF16 tensor-core product sees
 checkpoint's weights. ``use_dot_scaled=True`` hands the packed bytes and scales to
 ``tl.dot_scaled`` instead (native on GPUs with MX tensor cores; Hopper emulates it); it does
 not run under the interpreter.
+
+``fp8_down_activations=True`` (issue #6, opt-in): the gate_up epilogue stores h as MXFP8
+(e4m3fn values + one E8M0 scale per 32 along F, ``atomk31/quant/mxfp8.py``'s rule, rounded
+explicitly so every backend writes the same bytes) instead of z's dtype, and the down kernel
+either hands both MX operands to ``tl.dot_scaled(.., "e4m3", .., "e2m1")`` (use_dot_scaled)
+or dequantizes them (e4m3 x 2^k is exact in BF16; fp32 under the interpreter) for ``tl.dot``.
+Only the grouped GEMMs have it: the launcher routes it past the small-batch GEMVs.
 """
 
 import torch
 import triton
 import triton.language as tl
 
+from atomk31.triton_kernels.kv_write import round_to_e4m3
 from atomk31.triton_kernels.runtime import runs_on_interpreter
 
 from atomk31.triton_kernels.moe_gemv import moe_experts_mxfp4_gemv_triton
@@ -52,12 +60,40 @@ def _dequantize_mxfp4(b_packed, b_scales, BLOCK_N: tl.constexpr, BLOCK_K: tl.con
 
 
 @triton.jit
+def _quantize_mxfp8(b_h, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[BLOCK_M, BLOCK_N] fp32 -> (e4m3fn values as fp32 [BLOCK_M, BLOCK_N], E8M0 bytes as int32
+    [BLOCK_M, BLOCK_N/32]): e = floor(log2 amax) - 8 from amax's exponent bits, clamped to
+    >= -127; values RNE on the e4m3fn grid, saturating at 448; NaN/inf blocks get 0xFF."""
+    b_blocks = tl.reshape(b_h, (BLOCK_M, BLOCK_N // 32, 32))
+    b_amax = tl.max(tl.abs(b_blocks), axis=2)
+    b_has_nan = tl.max((b_blocks != b_blocks).to(tl.int32), axis=2)
+    b_field = (b_amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    b_exponent = tl.maximum(tl.where(b_field == 0, -127, b_field - 127 - 8), -127)
+    # 2^-e from its bits (127 - e is in 8..254: always a normal float), so the scaling is exact.
+    b_inverse = ((127 - b_exponent) << 23).to(tl.float32, bitcast=True)
+    b_values = round_to_e4m3(b_blocks * b_inverse[:, :, None], 448.0)
+    b_scales = tl.where((b_field == 255) | (b_has_nan != 0), 255, b_exponent + 127)
+    return tl.reshape(b_values, (BLOCK_M, BLOCK_N)), b_scales
+
+
+@triton.jit
+def _dequantize_mxfp8(b_values, b_scales, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_M, BLOCK_K] e4m3fn and [BLOCK_M, BLOCK_K/32] E8M0 bytes -> fp32 (exact; byte 0xFF
+    is NaN, byte 0 flushes to 0 as the weights' e8m0_factor does)."""
+    b_factor = (b_scales.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    b_factor = tl.where(b_scales.to(tl.int32) == 255, float("nan"), b_factor)
+    b_blocks = tl.reshape(b_values.to(tl.float32), (BLOCK_M, BLOCK_K // 32, 32))
+    return tl.reshape(b_blocks * b_factor[:, :, None], (BLOCK_M, BLOCK_K))
+
+
+@triton.jit
 def _mxfp4_tile_product(
-    b_a, p_packed, p_scales, k0, m_n, acc,
+    b_a, b_a_scales, p_packed, p_scales, k0, m_n, acc,
     stride_packed, stride_scales, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_DOT_SCALED: tl.constexpr, DOT_FP32: tl.constexpr,
+    USE_DOT_SCALED: tl.constexpr, DOT_FP32: tl.constexpr, A_IS_MXFP8: tl.constexpr,
 ):
-    """acc + b_a [BLOCK_M, BLOCK_K] @ W[rows, k0:k0+BLOCK_K]^T for the expert rows at p_packed."""
+    """acc + b_a [BLOCK_M, BLOCK_K] @ W[rows, k0:k0+BLOCK_K]^T for the expert rows at p_packed.
+    A_IS_MXFP8: b_a is e4m3fn with E8M0 scales b_a_scales [BLOCK_M, BLOCK_K/32] (else unused)."""
     o_n = tl.arange(0, BLOCK_N)
     o_kp = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     o_ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
@@ -65,19 +101,33 @@ def _mxfp4_tile_product(
                        mask=m_n[:, None], other=0)
     b_scales = tl.load(p_scales + o_n[:, None] * stride_scales + o_ks[None, :],
                        mask=m_n[:, None], other=0)
+    # if/else, not early returns: Triton compiles the statements after a `return` under a
+    # constexpr `if` too, and the bf16 paths do not type-check for e4m3 activations.
     if USE_DOT_SCALED:
-        return tl.dot_scaled(b_a, None, "bf16", tl.trans(b_packed), b_scales, "e2m1", acc)
-    b_w = _dequantize_mxfp4(b_packed, b_scales, BLOCK_N, BLOCK_K)
-    if DOT_FP32:
-        # The interpreter computes BF16 products wrongly: stay in fp32 there.
-        return tl.dot(b_a.to(tl.float32), tl.trans(b_w), acc, input_precision="ieee")
-    return tl.dot(b_a, tl.trans(b_w.to(b_a.dtype)), acc)
+        if A_IS_MXFP8:
+            acc = tl.dot_scaled(b_a, b_a_scales, "e4m3", tl.trans(b_packed), b_scales, "e2m1",
+                                acc)
+        else:
+            acc = tl.dot_scaled(b_a, None, "bf16", tl.trans(b_packed), b_scales, "e2m1", acc)
+    else:
+        if A_IS_MXFP8:
+            b_a = _dequantize_mxfp8(b_a, b_a_scales, b_a.shape[0], BLOCK_K)
+            if not DOT_FP32:
+                b_a = b_a.to(tl.bfloat16)  # exact: 4 significant bits times a power of two
+        b_w = _dequantize_mxfp4(b_packed, b_scales, BLOCK_N, BLOCK_K)
+        if DOT_FP32:
+            # The interpreter computes BF16 products wrongly: stay in fp32 there.
+            acc = tl.dot(b_a.to(tl.float32), tl.trans(b_w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(b_a, tl.trans(b_w.to(b_a.dtype)), acc)
+    return acc
 
 
 @triton.jit
 def moe_gate_up_kernel(
-    # pointers: z [T, Dl], the expert blocks, w13 packed/scales [E, 2F, *], h [rows, F]
-    z_ptr, pair_ids_ptr, block_expert_ptr, packed_ptr, scales_ptr, h_ptr,
+    # pointers: z [T, Dl], the expert blocks, w13 packed/scales [E, 2F, *], h [rows, F],
+    # h's E8M0 scales [rows, F/32] (FP8_DOWN only)
+    z_ptr, pair_ids_ptr, block_expert_ptr, packed_ptr, scales_ptr, h_ptr, h_scales_ptr,
     # sizes and strides
     num_pairs, stride_z,
     # activation
@@ -86,6 +136,7 @@ def moe_gate_up_kernel(
     E: tl.constexpr, F: tl.constexpr, DL: tl.constexpr, TOP_K: tl.constexpr,
     HAS_LINEAR_CAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, USE_DOT_SCALED: tl.constexpr, DOT_FP32: tl.constexpr,
+    FP8_DOWN: tl.constexpr,
 ):
     i_b, i_n = tl.program_id(0), tl.program_id(1)
     expert = tl.load(block_expert_ptr + i_b)
@@ -108,31 +159,39 @@ def moe_gate_up_kernel(
         o_k = k0 + tl.arange(0, BLOCK_K)
         b_a = tl.load(z_ptr + tokens[:, None] * stride_z + o_k[None, :], mask=m_m[:, None],
                       other=0.0)
-        b_gate = _mxfp4_tile_product(b_a, p_gate_packed, p_gate_scales, k0, m_n, b_gate,
+        b_gate = _mxfp4_tile_product(b_a, None, p_gate_packed, p_gate_scales, k0, m_n, b_gate,
                                      stride_packed, stride_scales, BLOCK_N, BLOCK_K,
-                                     USE_DOT_SCALED, DOT_FP32)
-        b_up = _mxfp4_tile_product(b_a, p_up_packed, p_up_scales, k0, m_n, b_up,
+                                     USE_DOT_SCALED, DOT_FP32, False)
+        b_up = _mxfp4_tile_product(b_a, None, p_up_packed, p_up_scales, k0, m_n, b_up,
                                    stride_packed, stride_scales, BLOCK_N, BLOCK_K,
-                                   USE_DOT_SCALED, DOT_FP32)
+                                   USE_DOT_SCALED, DOT_FP32, False)
     # SiTU-GLU (§4.8): SiLU with the gate soft-capped at ±beta, up capped at ±linear_beta.
     b_h = beta * _tanh(b_gate / beta) * tl.sigmoid(b_gate)
     if HAS_LINEAR_CAP:
         b_up = linear_beta * _tanh(b_up / linear_beta)
     b_h = b_h * b_up
+    if FP8_DOWN:
+        # MXFP8 straight from fp32 (no rounding to z's dtype first), as the torch op.
+        b_h, b_h_scales = _quantize_mxfp8(b_h, BLOCK_M, BLOCK_N)
+        o_s = i_n * (BLOCK_N // 32) + tl.arange(0, BLOCK_N // 32)
+        tl.store(h_scales_ptr + o_m.to(tl.int64)[:, None] * (F // 32) + o_s[None, :],
+                 b_h_scales.to(tl.uint8), mask=m_m[:, None] & (o_s < F // 32)[None, :])
     tl.store(h_ptr + o_m.to(tl.int64)[:, None] * F + o_n[None, :],
              b_h.to(h_ptr.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
 
 
 @triton.jit
 def moe_down_kernel(
-    # pointers: h [rows, F], expert blocks, w2 packed/scales [E, Dl, *], weights [T*k], u [T, Dl]
-    h_ptr, pair_ids_ptr, block_expert_ptr, packed_ptr, scales_ptr, topk_weights_ptr, u_ptr,
+    # pointers: h [rows, F], h's E8M0 scales [rows, F/32] (FP8_DOWN only), expert blocks,
+    # w2 packed/scales [E, Dl, *], weights [T*k], u [T, Dl]
+    h_ptr, h_scales_ptr, pair_ids_ptr, block_expert_ptr, packed_ptr, scales_ptr,
+    topk_weights_ptr, u_ptr,
     # sizes
     num_pairs,
     # meta-parameters
     E: tl.constexpr, F: tl.constexpr, DL: tl.constexpr, TOP_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_DOT_SCALED: tl.constexpr, DOT_FP32: tl.constexpr,
+    USE_DOT_SCALED: tl.constexpr, DOT_FP32: tl.constexpr, FP8_DOWN: tl.constexpr,
 ):
     i_b, i_n = tl.program_id(0), tl.program_id(1)
     expert = tl.load(block_expert_ptr + i_b)
@@ -151,8 +210,14 @@ def moe_down_kernel(
         o_k = k0 + tl.arange(0, BLOCK_K)
         b_a = tl.load(h_ptr + o_m.to(tl.int64)[:, None] * F + o_k[None, :], mask=m_m[:, None],
                       other=0.0)
-        b_acc = _mxfp4_tile_product(b_a, p_packed, p_scales, k0, m_n, b_acc, stride_packed,
-                                    stride_scales, BLOCK_N, BLOCK_K, USE_DOT_SCALED, DOT_FP32)
+        b_a_scales = None
+        if FP8_DOWN:
+            o_ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+            b_a_scales = tl.load(h_scales_ptr + o_m.to(tl.int64)[:, None] * (F // 32) +
+                                 o_ks[None, :], mask=m_m[:, None], other=0)
+        b_acc = _mxfp4_tile_product(b_a, b_a_scales, p_packed, p_scales, k0, m_n, b_acc,
+                                    stride_packed, stride_scales, BLOCK_N, BLOCK_K,
+                                    USE_DOT_SCALED, DOT_FP32, FP8_DOWN)
     b_weight = tl.load(topk_weights_ptr + pairs, mask=m_m, other=0.0)
     tokens = (pairs // TOP_K).to(tl.int64)
     tl.atomic_add(u_ptr + tokens[:, None] * DL + o_n[None, :], b_acc * b_weight[:, None],
@@ -187,20 +252,26 @@ def moe_experts_mxfp4_triton(
     num_warps: int | None = None,
     num_stages: int = 3,
     use_dot_scaled: bool = False,
+    fp8_down_activations: bool = False,
 ) -> torch.Tensor:
     """z: [T, Dl]; topk_weights fp32 / topk_ids int32 [T, k]; w13 [E, 2F, Dl/2] + [E, 2F,
     Dl/32]; w2 [E, Dl, F/2] + [E, Dl, F/32] (uint8) -> u fp32 [T, Dl].
 
     small_batch: the GEMVs of moe_gemv.py (None: up to SMALL_BATCH_MAX_TOKENS tokens).
     block_* / num_warps / num_stages / use_dot_scaled are tuning knobs of the grouped GEMMs for
-    benchmarks."""
+    benchmarks. fp8_down_activations: h in MXFP8 for the down GEMM (the contract's option;
+    grouped GEMMs only, so it is routed past the GEMVs)."""
     num_experts, two_f, half_latent = w13_packed.shape
     latent_size, intermediate_size = 2 * half_latent, two_f // 2
     _check(z, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed, w2_scales,
            latent_size, intermediate_size)
     num_tokens, top_k = topk_ids.shape
     if small_batch is None:
-        small_batch = num_tokens <= SMALL_BATCH_MAX_TOKENS and not use_dot_scaled
+        small_batch = (num_tokens <= SMALL_BATCH_MAX_TOKENS and not use_dot_scaled
+                       and not fp8_down_activations)
+    if small_batch and fp8_down_activations:
+        raise ValueError("moe_experts_mxfp4: fp8_down_activations runs on the grouped GEMMs "
+                         "only; pass small_batch=False or None")
     if small_batch:
         return moe_experts_mxfp4_gemv_triton(z, topk_weights, topk_ids, w13_packed, w13_scales,
                                              w2_packed, w2_scales, beta, linear_beta)
@@ -224,21 +295,25 @@ def moe_experts_mxfp4_triton(
     blocks: ExpertBlocks = sort_pairs_by_expert(topk_ids, num_experts, block_m)
     if z.stride(1) != 1:
         z = z.contiguous()
-    hidden = torch.empty((blocks.num_blocks_max * block_m, intermediate_size), dtype=z.dtype,
-                         device=z.device)
+    num_rows = blocks.num_blocks_max * block_m
+    hidden = torch.empty((num_rows, intermediate_size), device=z.device,
+                         dtype=torch.float8_e4m3fn if fp8_down_activations else z.dtype)
+    # E8M0 scales of h; without the option an unused placeholder pointer.
+    hidden_scales = torch.empty((num_rows, intermediate_size // 32), dtype=torch.uint8,
+                                device=z.device) if fp8_down_activations else hidden
     meta = dict(E=num_experts, F=intermediate_size, DL=latent_size, TOP_K=top_k,
                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                USE_DOT_SCALED=use_dot_scaled,
+                USE_DOT_SCALED=use_dot_scaled, FP8_DOWN=fp8_down_activations,
                 # fp32 activations: exact fp32 products (no TF32), as on the interpreter.
                 DOT_FP32=on_interpreter or z.dtype == torch.float32,
                 num_warps=num_warps, num_stages=num_stages)
     moe_gate_up_kernel[(blocks.num_blocks_max, triton.cdiv(intermediate_size, block_n))](
-        z, blocks.pair_ids, blocks.block_expert, w13_packed, w13_scales, hidden,
+        z, blocks.pair_ids, blocks.block_expert, w13_packed, w13_scales, hidden, hidden_scales,
         num_pairs, z.stride(0), beta, 1.0 if linear_beta is None else linear_beta,
         HAS_LINEAR_CAP=linear_beta is not None, **meta,
     )
     moe_down_kernel[(blocks.num_blocks_max, triton.cdiv(latent_size, block_n))](
-        hidden, blocks.pair_ids, blocks.block_expert, w2_packed, w2_scales,
+        hidden, hidden_scales, blocks.pair_ids, blocks.block_expert, w2_packed, w2_scales,
         topk_weights.float().contiguous(), u, num_pairs, **meta,
     )
     return u

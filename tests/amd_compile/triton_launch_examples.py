@@ -213,10 +213,11 @@ def moe_route() -> None:
                      True, 2.5)
 
 
-def moe_experts(use_dot_scaled: bool) -> Callable[[], None]:
+def moe_experts(use_dot_scaled: bool, fp8_down: bool = False) -> Callable[[], None]:
     """Both grouped GEMMs with the arguments of ``moe_experts_mxfp4_triton`` (launched here:
     that launcher takes its fp32 interpreter path for CPU tensors). The dot_scaled path only
-    where MX tensor cores exist (gfx950)."""
+    where MX tensor cores exist (gfx950); fp8_down: h in MXFP8 (e4m3fn + E8M0) for the down
+    GEMM (issue #6)."""
     def run() -> None:
         import triton
 
@@ -239,17 +240,21 @@ def moe_experts(use_dot_scaled: bool) -> Callable[[], None]:
                                dtype=torch.uint8)
         z = torch.randn(num_tokens, latent_size, dtype=torch.bfloat16)
         blocks = sort_pairs_by_expert(topk_ids, num_experts, block_m)
-        hidden = torch.empty(blocks.num_blocks_max * block_m, intermediate_size,
-                             dtype=z.dtype)
+        num_rows = blocks.num_blocks_max * block_m
+        hidden = torch.empty(num_rows, intermediate_size,
+                             dtype=torch.float8_e4m3fn if fp8_down else z.dtype)
+        hidden_scales = torch.empty(num_rows, intermediate_size // 32, dtype=torch.uint8) \
+            if fp8_down else hidden
         u = torch.zeros(num_tokens, latent_size)
         meta = dict(E=num_experts, F=intermediate_size, DL=latent_size, TOP_K=top_k,
                     BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                    USE_DOT_SCALED=use_dot_scaled, DOT_FP32=False, num_warps=4, num_stages=3)
+                    USE_DOT_SCALED=use_dot_scaled, DOT_FP32=False, FP8_DOWN=fp8_down,
+                    num_warps=4, num_stages=3)
         moe_gate_up_kernel[(blocks.num_blocks_max, triton.cdiv(intermediate_size, block_n))](
-            z, blocks.pair_ids, blocks.block_expert, w13, w13_scales, hidden, num_pairs,
-            z.stride(0), 10.0, 10.0, HAS_LINEAR_CAP=True, **meta)
+            z, blocks.pair_ids, blocks.block_expert, w13, w13_scales, hidden, hidden_scales,
+            num_pairs, z.stride(0), 10.0, 10.0, HAS_LINEAR_CAP=True, **meta)
         moe_down_kernel[(blocks.num_blocks_max, triton.cdiv(latent_size, block_n))](
-            hidden, blocks.pair_ids, blocks.block_expert, w2, w2_scales,
+            hidden, hidden_scales, blocks.pair_ids, blocks.block_expert, w2, w2_scales,
             torch.rand(num_tokens, top_k), u, num_pairs, **meta)
     return run
 
@@ -335,6 +340,7 @@ EXAMPLES: dict[str, Callable[[], None]] = {
     "moe_route": moe_route,
     "moe_experts_mxfp4": moe_experts(use_dot_scaled=False),
     "moe_experts_mxfp4[dot_scaled]": moe_experts(use_dot_scaled=True),
+    "moe_experts_mxfp4[dot_scaled, fp8 down]": moe_experts(use_dot_scaled=True, fp8_down=True),
     "moe_experts_mxfp4[gemv fma]": moe_experts_gemv("fma"),
     "moe_experts_mxfp4[gemv fma_words]": moe_experts_gemv("fma_words"),
     "moe_experts_mxfp4[gemv dot]": moe_experts_gemv("dot"),

@@ -6,6 +6,7 @@ import torch
 from atomk31.ops.activation import situ_glu_torch
 from atomk31.ops.moe import moe_experts_dense_torch, moe_experts_mxfp4_torch, moe_route_torch
 from atomk31.quant import quantize_mxfp4
+from atomk31.quant.mxfp8 import dequantize_mxfp8, quantize_mxfp8
 from atomk31.reference.formats import dequantize_mxfp4 as reference_dequantize_mxfp4
 from atomk31.reference.moe import route as reference_route
 from assertions import assert_relative_close
@@ -84,8 +85,9 @@ def dequantized(packed, scales):
     return torch.stack([reference_dequantize_mxfp4(p, s) for p, s in zip(packed, scales)])
 
 
-def naive_experts(z, topk_weights, topk_ids, w13, w2, beta, linear_beta):
-    """u[t] = sum_j w[t, j] * W2_e situ_glu(W1_e z_t, W3_e z_t), one token and one slot at a time."""
+def naive_experts(z, topk_weights, topk_ids, w13, w2, beta, linear_beta, fp8_down=False):
+    """u[t] = sum_j w[t, j] * W2_e situ_glu(W1_e z_t, W3_e z_t), one token and one slot at a time;
+    fp8_down: h through MXFP8 from its float32 value."""
     intermediate = w2.shape[-1]
     out = torch.zeros(z.shape, dtype=torch.float64)
     for t in range(z.shape[0]):
@@ -94,6 +96,8 @@ def naive_experts(z, topk_weights, topk_ids, w13, w2, beta, linear_beta):
             gate = w13[e, :intermediate].double() @ z[t].double()
             up = w13[e, intermediate:].double() @ z[t].double()
             hidden = situ_glu_torch(gate, up, beta, linear_beta)
+            if fp8_down:
+                hidden = dequantize_mxfp8(*quantize_mxfp8(hidden.float())).double()
             out[t] += float(topk_weights[t, j]) * (w2[e].double() @ hidden)
     return out
 
@@ -116,6 +120,26 @@ def test_moe_experts_mxfp4_torch_matches_token_loop(case):
     assert_relative_close("u", out, naive_experts(z, topk_weights, topk_ids, w13, w2, 4.0, 25.0), 1e-5)
     dense = moe_experts_dense_torch(z, topk_weights, topk_ids, w13, w2, 4.0, 25.0)
     assert_relative_close("u dense vs mxfp4", dense, out, 1e-6)
+
+
+@pytest.mark.parametrize("case", EXPERT_CASES.values(), ids=EXPERT_CASES.keys())
+def test_moe_experts_mxfp4_torch_fp8_down_matches_token_loop(case):
+    # Issue #6: the loop's h comes from float64 products, so an h next to an e4m3 rounding
+    # point may round the other way; 1e-4 leaves room for one such step.
+    num_tokens, num_experts, top_k, intermediate, latent = case
+    packed = random_mxfp4_experts(num_experts, intermediate, latent, seed=2)
+    torch.manual_seed(3)
+    z = torch.randn(num_tokens, latent)
+    topk_weights, topk_ids = moe_route_torch(torch.randn(num_tokens, 16), torch.randn(num_experts, 16),
+                                             torch.zeros(num_experts), top_k, True, 1.0)
+    out = moe_experts_mxfp4_torch(z, topk_weights, topk_ids, *packed, 4.0, 25.0, fp8_down_activations=True)
+    w13, w2 = dequantized(*packed[:2]), dequantized(*packed[2:])
+    expected = naive_experts(z, topk_weights, topk_ids, w13, w2, 4.0, 25.0, fp8_down=True)
+    assert_relative_close("u (fp8 down)", out, expected, 1e-4)
+    # MXFP8 keeps 4 significant bits: a few percent from the unquantized h, never more.
+    exact = moe_experts_mxfp4_torch(z, topk_weights, topk_ids, *packed, 4.0, 25.0)
+    assert_relative_close("u (fp8 down) vs fp32 h", out, exact, 0.1)
+    assert not torch.equal(out, exact)
 
 
 def test_moe_experts_dense_torch_matches_token_loop_without_up_cap():

@@ -2,16 +2,21 @@
 
 CPU: Triton's interpreter at small shapes (fp32 activations), the GEMVs both ways (FMA and
 tl.dot); GPU (``-m gpu``): the proxy's shapes (latent 3584, intermediate 3072, 64 experts,
-top-16) with BF16 activations, and fp32 activations held to 1e-5.
+top-16) with BF16 activations, and fp32 activations held to 1e-5. The MXFP8 down activations
+(issue #6) against the torch op with the same option: exact on the interpreter (same bytes,
+fp32 products), 1e-2 on the GPU with BF16 products.
 """
 
 import pytest
 import torch
+import triton
 
 
 from atomk31.ops.moe import moe_experts_mxfp4_torch, moe_route_torch
+from atomk31.ops.moe import moe_experts_mxfp4_triton as moe_experts_mxfp4_registered
 from atomk31.quant import quantize_mxfp4
 from atomk31.triton_kernels.moe_gemv import moe_experts_mxfp4_gemv_triton
+from atomk31.triton_kernels import moe_grouped_gemm
 from atomk31.triton_kernels.moe_grouped_gemm import moe_experts_mxfp4_triton
 from atomk31.triton_kernels.moe_routing import moe_route_triton, sort_pairs_by_expert
 from assertions import assert_relative_close
@@ -83,6 +88,67 @@ def test_moe_experts_mxfp4_triton_grouped_matches_torch(num_tokens, linear_beta)
     u = moe_experts_mxfp4_triton(x, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed,
                                  w2_scales, 4.0, linear_beta, small_batch=False)
     assert_relative_close("u", u, expected, 1e-5)
+
+
+FP8_DOWN_CASES = {"T1-E8-k3-capped": (1, 8, 3, 25.0, torch.float32, None),
+                  "T6-E8-k3-uncapped": (6, 8, 3, None, torch.float32, None),
+                  "T13-E8-k2-bm16-bf16": (13, 8, 2, 25.0, torch.bfloat16, 16),
+                  "T3-E16-k1-bm32": (3, 16, 1, None, torch.float32, 32)}
+
+
+@pytest.mark.parametrize("case", FP8_DOWN_CASES.values(), ids=FP8_DOWN_CASES.keys())
+def test_moe_experts_mxfp4_triton_fp8_down_matches_torch(case):
+    # Few tokens over 8-16 experts: most experts get no pair; pairs per expert are not
+    # multiples of the block; 1 token goes to the grouped GEMMs (the GEMVs lack the option).
+    num_tokens, num_experts, top_k, linear_beta, dtype, block_m = case
+    w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(num_experts, 128, 256, seed=16)
+    x, router, bias = router_inputs(num_tokens, 256, num_experts, seed=17)
+    topk_weights, topk_ids = moe_route_torch(x, router, bias, top_k, True, 1.0)
+    z = x.to(dtype)
+    expected = moe_experts_mxfp4_torch(z, topk_weights, topk_ids, w13_packed, w13_scales,
+                                       w2_packed, w2_scales, 4.0, linear_beta,
+                                       fp8_down_activations=True)
+    u = moe_experts_mxfp4_triton(z, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed,
+                                 w2_scales, 4.0, linear_beta, block_m=block_m,
+                                 fp8_down_activations=True)
+    assert_relative_close("u (fp8 down)", u, expected, 1e-5)
+    without = moe_experts_mxfp4_torch(z, topk_weights, topk_ids, w13_packed, w13_scales,
+                                      w2_packed, w2_scales, 4.0, linear_beta)
+    assert not torch.allclose(expected, without, rtol=0, atol=1e-6), "the option did nothing"
+
+
+def test_moe_experts_mxfp4_triton_fp8_down_through_the_registered_op():
+    w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(4, 128, 128, seed=18)
+    x, router, bias = router_inputs(2, 128, 4, seed=19)
+    topk_weights, topk_ids = moe_route_torch(x, router, bias, 2, True, 1.0)
+    weights = (w13_packed, w13_scales, w2_packed, w2_scales)
+    expected = moe_experts_mxfp4_torch(x, topk_weights, topk_ids, *weights, 4.0, 25.0,
+                                       fp8_down_activations=True)
+    u = moe_experts_mxfp4_registered(x, topk_weights, topk_ids, *weights, 4.0, 25.0,
+                                     fp8_down_activations=True)
+    assert_relative_close("u (registered, fp8 down)", u, expected, 1e-5)
+    with pytest.raises(ValueError, match="fp8_down_activations runs on the grouped GEMMs only"):
+        moe_experts_mxfp4_triton(x, topk_weights, topk_ids, *weights, 4.0, 25.0,
+                                 small_batch=True, fp8_down_activations=True)
+
+
+@pytest.mark.skipif(tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 9),
+                    reason="the interpreter runs tl.dot_scaled from triton 3.9 (3.6 cannot)")
+def test_moe_experts_mxfp4_triton_fp8_down_dot_scaled_on_interpreter(monkeypatch):
+    # The launcher refuses use_dot_scaled on the interpreter (3.6's cannot run it); pretend
+    # to be compiled so 3.9's interpreter checks the e4m3 x e2m1 operand and scale layout.
+    monkeypatch.setattr(moe_grouped_gemm, "runs_on_interpreter", lambda kernel: False)
+    w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(8, 128, 256, seed=16)
+    x, router, bias = router_inputs(5, 256, 8, seed=17)
+    topk_weights, topk_ids = moe_route_torch(x, router, bias, 3, True, 1.0)
+    weights, z = (w13_packed, w13_scales, w2_packed, w2_scales), x.bfloat16()
+    expected = moe_experts_mxfp4_torch(z, topk_weights, topk_ids, *weights, 4.0, 25.0,
+                                       fp8_down_activations=True)
+    u = moe_experts_mxfp4_triton(z, topk_weights, topk_ids, *weights, 4.0, 25.0,
+                                 use_dot_scaled=True, fp8_down_activations=True)
+    # Exact products, another summation order in the first GEMM: an h next to an e4m3
+    # rounding point may take the other step (measured: 1.3e-4).
+    assert_relative_close("u (dot_scaled, fp8 down)", u, expected, 1e-3)
 
 
 @pytest.mark.parametrize("num_tokens,mode,linear_beta,loop_stages",
@@ -230,3 +296,23 @@ def test_moe_experts_mxfp4_triton_dot_scaled_gpu():
     u = moe_experts_mxfp4_triton(z, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed,
                                  w2_scales, 4.0, 25.0, use_dot_scaled=True)
     assert_relative_close("u (dot_scaled)", u, expected, 1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens", [1, 16, 300], ids=lambda n: f"T{n}")
+def test_moe_experts_mxfp4_triton_fp8_down_proxy_shapes_gpu(num_tokens, proxy_weights):
+    w13_packed, w13_scales, w2_packed, w2_scales = proxy_weights
+    x, router, bias = router_inputs(num_tokens, 3584, 64, seed=6)
+    topk_weights, topk_ids = moe_route_torch(x, router, bias, 16, True, 1.0)
+    z = x.bfloat16()
+    weights = (w13_packed, w13_scales, w2_packed, w2_scales)
+    expected = moe_experts_mxfp4_torch(z, topk_weights, topk_ids, *weights, 4.0, 25.0,
+                                       fp8_down_activations=True)
+    u = moe_experts_mxfp4_triton(z, topk_weights, topk_ids, *weights, 4.0, 25.0,
+                                 fp8_down_activations=True)
+    # BF16 first-GEMM products (h can land on the other side of an e4m3 rounding point),
+    # exact e4m3 x e2m1 down products: the BF16 tolerance of the other proxy tests.
+    assert_relative_close("u (fp8 down)", u, expected, 1e-2)
+    scaled = moe_experts_mxfp4_triton(z, topk_weights, topk_ids, *weights, 4.0, 25.0,
+                                      use_dot_scaled=True, fp8_down_activations=True)
+    assert_relative_close("u (dot_scaled, fp8 down)", scaled, expected, 1e-2)
