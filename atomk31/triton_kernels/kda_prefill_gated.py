@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atomk31.triton_kernels.kda_prefill_intra import CHUNK_SIZE
+from atomk31.triton_kernels.kda_prefill_intra import CHUNK_SIZE, empty_intermediates
 from atomk31.triton_kernels.runtime import dot_precision, runs_on_interpreter
 
 
@@ -111,15 +111,8 @@ def kda_prefill_gated(
     value_dim = v.shape[-1]
     num_chunks = chunk_start.shape[0]
     device = q.device
-    rows = (max(num_chunks, 1), num_heads, CHUNK_SIZE)
-    out = {
-        "w": torch.empty(*rows, head_dim, dtype=intermediate_dtype, device=device),
-        "u": torch.empty(*rows, value_dim, dtype=intermediate_dtype, device=device),
-        "qg": torch.empty(*rows, head_dim, dtype=intermediate_dtype, device=device),
-        "kd": torch.empty(*rows, head_dim, dtype=intermediate_dtype, device=device),
-        "aqk": scores["aqk"],
-        "decay": torch.empty(rows[0], num_heads, head_dim, dtype=torch.float32, device=device),
-    }
+    out = empty_intermediates(num_chunks, num_heads, head_dim, value_dim, intermediate_dtype,
+                              device, aqk=scores["aqk"])
     if num_chunks == 0:
         return out
     use_bf16 = bf16_products and intermediate_dtype in (torch.bfloat16, torch.float16) \

@@ -314,6 +314,25 @@ def kda_prefill_intra_kernel(
                    b_y0, b_y1, b_y2, b_y3, u_ptr, base, BT, BC, V, o_v, m_v, DOT_PRECISION)
 
 
+def empty_intermediates(num_chunks: int, num_heads: int, head_dim: int, value_dim: int,
+                        intermediate_dtype: torch.dtype, device: torch.device,
+                        aqk: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Stage 1's outputs, allocated ({"w", "u", "qg", "kd", "aqk", "decay"}, shapes as
+    kda_prefill_intra returns them), shared by the one- and two-kernel stage 1; `aqk` when
+    an earlier kernel already wrote it."""
+    rows = (max(num_chunks, 1), num_heads, CHUNK_SIZE)
+    if aqk is None:
+        aqk = torch.empty(*rows, CHUNK_SIZE, dtype=torch.float32, device=device)
+    return {
+        "w": torch.empty(*rows, head_dim, dtype=intermediate_dtype, device=device),
+        "u": torch.empty(*rows, value_dim, dtype=intermediate_dtype, device=device),
+        "qg": torch.empty(*rows, head_dim, dtype=intermediate_dtype, device=device),
+        "kd": torch.empty(*rows, head_dim, dtype=intermediate_dtype, device=device),
+        "aqk": aqk,
+        "decay": torch.empty(rows[0], num_heads, head_dim, dtype=torch.float32, device=device),
+    }
+
+
 def kda_prefill_intra(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -338,14 +357,8 @@ def kda_prefill_intra(
     num_chunks = chunk_start.shape[0]
     device = q.device
     rows = (max(num_chunks, 1), num_heads, CHUNK_SIZE)
-    out = {
-        "w": torch.empty(*rows, head_dim, dtype=intermediate_dtype, device=device),
-        "u": torch.empty(*rows, value_dim, dtype=intermediate_dtype, device=device),
-        "qg": torch.empty(*rows, head_dim, dtype=intermediate_dtype, device=device),
-        "kd": torch.empty(*rows, head_dim, dtype=intermediate_dtype, device=device),
-        "aqk": torch.empty(*rows, CHUNK_SIZE, dtype=torch.float32, device=device),
-        "decay": torch.empty(rows[0], num_heads, head_dim, dtype=torch.float32, device=device),
-    }
+    out = empty_intermediates(num_chunks, num_heads, head_dim, value_dim, intermediate_dtype,
+                              device)
     if num_chunks == 0:
         return out
     akk = torch.empty(*rows, CHUNK_SIZE, dtype=torch.float32, device=device)
