@@ -68,3 +68,18 @@ def float_to_e8m0(x: torch.Tensor) -> torch.Tensor:
     codes = torch.where(is_two_to_minus_127, 0, exponent_field)
     codes = torch.where(is_nan, E8M0_NAN, codes)
     return codes.to(torch.uint8)
+
+
+def float_blocks(x: torch.Tensor, block_size: int, op_name: str) -> torch.Tensor:
+    """x [..., n] float -> float32 [..., n / block_size, block_size]: the blocks that each get
+    one E8M0 scale in the MX formats (MXFP4, MXFP8). Raises ValueError, naming `op_name`, for
+    a last dim that is not a multiple of the block or a non-float tensor."""
+    if x.dim() == 0 or x.shape[-1] % block_size != 0:
+        raise ValueError(
+            f"{op_name} needs a last dim that is a multiple of {block_size} "
+            f"(one scale per block), got shape {tuple(x.shape)}; pad the last dim with zeros"
+        )
+    if not x.is_floating_point():
+        raise ValueError(f"{op_name} expects a float tensor, got dtype {x.dtype}")
+    n = x.shape[-1]
+    return x.float().reshape(*x.shape[:-1], n // block_size, block_size)

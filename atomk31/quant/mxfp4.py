@@ -21,7 +21,7 @@ dequantizes to NaN, as OCP MX v1.0 prescribes for a NaN scale.
 import torch
 
 from atomk31.quant.e2m1 import decode_e2m1, encode_e2m1, pack_e2m1, unpack_e2m1
-from atomk31.quant.e8m0 import E8M0_BIAS, E8M0_NAN, e8m0_to_float
+from atomk31.quant.e8m0 import E8M0_BIAS, E8M0_NAN, e8m0_to_float, float_blocks
 
 MXFP4_BLOCK_SIZE: int = 32
 MXFP4_SCALE_RULES: tuple[str, ...] = ("round_up", "floor")
@@ -74,15 +74,7 @@ def quantize_mxfp4(
         element in the low nibble; ``scales [..., n/32]`` uint8 E8M0 bytes.
     """
     _check_scale_rule(scale_rule)
-    if x.dim() == 0 or x.shape[-1] % MXFP4_BLOCK_SIZE != 0:
-        raise ValueError(
-            f"quantize_mxfp4 needs a last dim that is a multiple of {MXFP4_BLOCK_SIZE} "
-            f"(one scale per block), got shape {tuple(x.shape)}; pad the last dim with zeros"
-        )
-    if not x.is_floating_point():
-        raise ValueError(f"quantize_mxfp4 expects a float tensor, got dtype {x.dtype}")
-    n = x.shape[-1]
-    blocks = x.float().reshape(*x.shape[:-1], n // MXFP4_BLOCK_SIZE, MXFP4_BLOCK_SIZE)
+    blocks = float_blocks(x, MXFP4_BLOCK_SIZE, "quantize_mxfp4")
     amax = blocks.abs().amax(dim=-1)
     exponent = mxfp4_scale_exponent(amax, scale_rule)
     scales = (exponent + E8M0_BIAS).to(torch.uint8)
@@ -90,7 +82,7 @@ def quantize_mxfp4(
     block_scale = e8m0_to_float(scales)
     codes = encode_e2m1(blocks / block_scale.unsqueeze(-1))
     scales = torch.where(torch.isfinite(amax), scales, E8M0_NAN).to(torch.uint8)
-    packed = pack_e2m1(codes.reshape(*x.shape[:-1], n))
+    packed = pack_e2m1(codes.reshape(x.shape))
     return packed, scales
 
 

@@ -20,7 +20,7 @@ Quantizer (DEFINED HERE; the OCP MX v1.0 rule), per block with ``amax = max |x|`
 
 import torch
 
-from atomk31.quant.e8m0 import E8M0_BIAS, E8M0_NAN, e8m0_to_float
+from atomk31.quant.e8m0 import E8M0_BIAS, E8M0_NAN, e8m0_to_float, float_blocks
 
 MXFP8_BLOCK_SIZE: int = 32
 # Exponent of e4m3fn's largest binade (448 = 1.75 * 2^8).
@@ -59,15 +59,7 @@ def quantize_mxfp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ``(values, scales)``: ``values [..., n]`` ``torch.float8_e4m3fn``; ``scales [..., n/32]``
         uint8 E8M0 bytes.
     """
-    if x.dim() == 0 or x.shape[-1] % MXFP8_BLOCK_SIZE != 0:
-        raise ValueError(
-            f"quantize_mxfp8 needs a last dim that is a multiple of {MXFP8_BLOCK_SIZE} "
-            f"(one scale per block), got shape {tuple(x.shape)}; pad the last dim with zeros"
-        )
-    if not x.is_floating_point():
-        raise ValueError(f"quantize_mxfp8 expects a float tensor, got dtype {x.dtype}")
-    n = x.shape[-1]
-    blocks = x.float().reshape(*x.shape[:-1], n // MXFP8_BLOCK_SIZE, MXFP8_BLOCK_SIZE)
+    blocks = float_blocks(x, MXFP8_BLOCK_SIZE, "quantize_mxfp8")
     amax = blocks.abs().amax(dim=-1)
     scales = (mxfp8_scale_exponent(amax) + E8M0_BIAS).to(torch.uint8)
     # 2^e is exact in float32 for e in [-127, 127]: the division only moves the exponent.
