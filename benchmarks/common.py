@@ -31,6 +31,18 @@ def time_ms(fn: Callable[[], object], warmup: int = 10, rep: int = 50) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
+def time_graph_ms(fn: Callable[[], object], rep: int = 100) -> float:
+    """Median milliseconds of `fn` replayed from a CUDA graph (triton's do_bench_cudagraph).
+
+    What the engine pays once it captures its decode step: no host launch overhead, which
+    dominates `time_ms` for kernels shorter than ~50 us or made of several launches. `fn` must
+    be capturable (no host syncs, no allocations whose addresses change between replays).
+    """
+    import triton.testing
+
+    return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+
+
 def measure_copy_bandwidth(device: torch.device | str = "cuda", num_bytes: int = 2 << 30) -> float:
     """Bytes per second of a device-to-device copy (read + write counted), the memory roofline."""
     src = torch.empty(num_bytes // 2, dtype=torch.uint8, device=device)

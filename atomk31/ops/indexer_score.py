@@ -117,8 +117,9 @@ def indexer_score_triton(
     """`indexer_score` in Triton (atomk31/triton_kernels/indexer_score.py): each request's keys
     are read once for all its rows; same tolerance as the torch implementation.
     num_positions: L = max(row_position) + 1 when the caller knows it on the host (no device
-    read). Exact bf16 products (e4m3 and E2M1 x 2^e values are bf16 values) with fp32 sums on
-    every target; the launcher's fp8 tensor-core path is opt-in only (outside the tolerance)."""
+    read). Exact products with fp32 sums on every target: bf16 (e4m3 and E2M1 x 2^e values are
+    bf16 values), fp16 for FP8 keys on CUDA (e4m3 values are fp16 values); the launcher's fp8
+    tensor-core path is opt-in only (outside the tolerance)."""
     from atomk31.triton_kernels.indexer_score import indexer_score_triton as launch
 
     return launch(q, head_weights, index_values, index_scales, index_format, fp8_variant,

@@ -24,8 +24,8 @@ rate, not by the copy bandwidth; the benchmark reports both fractions.
 
 import torch
 
-from atomk31.triton_kernels.sparse_mla import (
-    LATENT_DIM,
+from atomk31.triton_kernels.mla_kernel import LATENT_DIM
+from atomk31.triton_kernels.mla_launch import (
     check_latent_cache_layout,
     choose_mla_tiles,
     launch_mla,
@@ -53,6 +53,8 @@ def dense_mla_triton(
     num_warps: int | None = None,
     scores_via_memory: bool | None = None,
     value_splits: int | None = None,
+    prefetch: int | None = None,
+    fp16_operands: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal attention of each row over its request's keys: (out [Nq, H, 512], lse [Nq, H]).
 
@@ -94,7 +96,8 @@ def dense_mla_triton(
     tiles = choose_mla_tiles(q, latent_cache, -(-num_rows // rows_per_program), max_keys,
                              rows_per_program, num_splits=num_splits, block_h=block_h,
                              block_n=block_n, num_warps=num_warps, num_stages=num_stages,
-                             scores_via_memory=scores_via_memory, value_splits=value_splits)
+                             scores_via_memory=scores_via_memory, value_splits=value_splits,
+                             prefetch=prefetch, fp16_operands=fp16_operands)
     return launch_mla(q, latent_cache, latent_scale, softmax_scale, None, block_table,
                       row_request, row_position, max_keys, tiles)
 

@@ -8,10 +8,11 @@ among its rows it streams that request's keys page by page once and scores them 
 ROWS x H_I query heads with one matrix product, [BLOCK_N, 128] x [128, ROWS*H_I]: the rows of
 one request (verification rows, prefill rows) share every key load. The keys are the
 product's left operand, the quantized queries the right one (staged once in shared memory);
-the sum over heads then runs along the accumulator's columns. Memory: the block-table entries
-of TILE_GROUP tiles are read at once, so the key loads of the tile loop depend on no load of
-that loop and Triton's pipeliner keeps num_stages - 1 tiles in flight (a block-table read per
-tile inside the loop made it wait for every tile: one tile in flight).
+the sum over heads then runs along the accumulator's columns (the per-tile work:
+indexer_score_tile.py). Memory: the block-table entries of TILE_GROUP tiles are read at once,
+so the key loads of the tile loop depend on no load of that loop and Triton's pipeliner keeps
+num_stages - 1 tiles in flight (a block-table read per tile inside the loop made it wait for
+every tile: one tile in flight).
 
 Numbers: queries are quantized in the kernel with the keys' quantizer (§9 #4), bit-exact with
 `quantize_index_keys`. FP8: the product runs on the e4m3 values themselves and the scales
@@ -23,9 +24,12 @@ products (or K_SPLIT 4: four products of K = 32 summed in fp32); even so its err
 op's tolerance on the H200, so the fp8 products are opt-in only and the bf16 ones the default.
 The keys' bf16 operand comes from the fp8 -> bf16 conversion, or (KEY_CONVERT) from the bytes'
 bits: the code x 2^-120, the queries carrying 2^119 and the weights 2 (powers of two: exact).
-MXFP4: every dequantized value (E2M1 value x 2^e) is exact in bf16, so one bf16 product of
-the dequantized values. Under the interpreter the products run in fp32 (its bf16 dot is
-wrong).
+The fp16 products (config dot "fp16", FP8 keys) are as exact: every e4m3 value, key or query
+code, is an fp16 value too (|x| <= 448 < 65504, smallest subnormal 2^-9 >= fp16's 2^-24), so
+no query scaling is needed, and fp8 -> fp16 is one instruction per two values on sm_89+
+(fp8 -> bf16 goes through fp16: three). MXFP4: every dequantized value (E2M1 value x 2^e) is
+exact in bf16, so one bf16 product of the dequantized values. Under the interpreter the
+products run in fp32 (its bf16 dot is wrong).
 """
 
 import torch
@@ -40,10 +44,8 @@ from atomk31.triton_kernels.indexer_score_config import (
     default_config,
     fp8_dot_config,
 )
-from atomk31.triton_kernels.indexer_score_keys import (
-    _has_aligned_words, fp8_key_columns, key_tile_product, key_words, mxfp4_dequantize_keys,
-    split_columns_in_4, weighted_head_sum,
-)
+from atomk31.triton_kernels.indexer_score_keys import key_words, split_columns_in_4
+from atomk31.triton_kernels.indexer_score_tile import score_key_tile
 from atomk31.triton_kernels.kv_write import (
     FP8_INDEX_AMAX_FLOOR,
     FP8_MAX,
@@ -52,60 +54,9 @@ from atomk31.triton_kernels.kv_write import (
 )
 
 INDEX_DIM = 128
+# The product's operand type per config.dot (the fp8 dots keep the keys' fp8 type).
+DOT_DTYPES = {"fp32": tl.float32, "bf16": tl.bfloat16, "fp16": tl.float16}
 MAX_QUERY_VECTORS = 128  # ROWS * H_I per program; more spills registers
-
-
-@triton.jit
-def score_key_tile(
-    values_ptr, scales_ptr, scores_ptr, b_block, start, key_end, chunk_end, block_size,
-    stride_values_b, stride_values_t, stride_scales_b, stride_scales_t, stride_scores_row,
-    o_r, m_rows, b_position, b_weight, b_q_t, b_q_t0, b_q_t1, b_q_t2, b_q_t3,
-    ROWS: tl.constexpr, HEADS_PAD: tl.constexpr, IS_MXFP4: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, USE_FP8_DOT: tl.constexpr, FP8_ACC_INTERVAL: tl.constexpr,
-    K_SPLIT: tl.constexpr, KEY_CONVERT: tl.constexpr, REPEAT_EPILOGUE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """Scores of the tile's rows (m_rows: one request's) over keys start .. start + BLOCK_N
-    in page(s) b_block (a scalar, or one per key), -inf past each row's position."""
-    o_s = start + tl.arange(0, BLOCK_N)
-    m_s = o_s < key_end
-    o_offset = (o_s % block_size).to(tl.int64)
-    p_key = values_ptr + b_block * stride_values_b + o_offset * stride_values_t
-    p_key_scale = scales_ptr + b_block * stride_scales_b + o_offset * stride_scales_t
-    if IS_MXFP4:
-        o_byte = tl.arange(0, 64)
-        o_group = tl.arange(0, 4)
-        b_packed = tl.load(p_key[:, None] + o_byte[None, :], mask=m_s[:, None], other=0)
-        b_scale_bytes = tl.load(p_key_scale[:, None] + o_group[None, :], mask=m_s[:, None],
-                                other=0)
-        b_k = mxfp4_dequantize_keys(b_packed, b_scale_bytes, BLOCK_N).to(DOT_DTYPE)
-        b_logits = tl.dot(b_k, b_q_t, input_precision="ieee")  # [BLOCK_N, M]
-    elif K_SPLIT == 4:
-        b_key_scale = tl.load(p_key_scale, mask=m_s, other=0.0)
-        o_k32 = tl.arange(0, 32)
-        b_k = fp8_key_columns(p_key, m_s, 0, o_k32, USE_FP8_DOT, DOT_DTYPE, KEY_CONVERT)
-        b_logits = key_tile_product(b_k, b_q_t0, USE_FP8_DOT, 0)
-        b_k = fp8_key_columns(p_key, m_s, 32, o_k32, USE_FP8_DOT, DOT_DTYPE, KEY_CONVERT)
-        b_logits += key_tile_product(b_k, b_q_t1, USE_FP8_DOT, 0)
-        b_k = fp8_key_columns(p_key, m_s, 64, o_k32, USE_FP8_DOT, DOT_DTYPE, KEY_CONVERT)
-        b_logits += key_tile_product(b_k, b_q_t2, USE_FP8_DOT, 0)
-        b_k = fp8_key_columns(p_key, m_s, 96, o_k32, USE_FP8_DOT, DOT_DTYPE, KEY_CONVERT)
-        b_logits += key_tile_product(b_k, b_q_t3, USE_FP8_DOT, 0)
-    else:
-        b_key_scale = tl.load(p_key_scale, mask=m_s, other=0.0)
-        b_k = fp8_key_columns(p_key, m_s, 0, tl.arange(0, 128), USE_FP8_DOT, DOT_DTYPE,
-                              KEY_CONVERT)
-        b_logits = key_tile_product(b_k, b_q_t, USE_FP8_DOT, FP8_ACC_INTERVAL)
-    b_scores = weighted_head_sum(b_logits, b_weight, ROWS, HEADS_PAD, BLOCK_N)
-    if REPEAT_EPILOGUE:  # the probe: the sum again with weights x 2 (not merged), exact
-        b_twice = weighted_head_sum(b_logits, b_weight * 2.0, ROWS, HEADS_PAD, BLOCK_N)
-        b_scores = (b_scores + 0.5 * b_twice) * 0.5
-    if not IS_MXFP4:
-        b_scores = b_scores * b_key_scale[:, None]
-    is_future = o_s[:, None] > b_position[None, :]
-    b_scores = tl.where(is_future, float("-inf"), b_scores)  # [BLOCK_N, ROWS]
-    tl.store(scores_ptr + o_r[None, :].to(tl.int64) * stride_scores_row + o_s[:, None],
-             b_scores, mask=m_rows[None, :] & (o_s < chunk_end)[:, None])
 
 
 @triton.jit
@@ -129,6 +80,7 @@ def indexer_score_kernel(
     BLOCK_N: tl.constexpr,
     PAGE_TILES: tl.constexpr,  # block_size % BLOCK_N == 0: no tile straddles two pages
     TILE_GROUP: tl.constexpr,  # > 0 (PAGE_TILES only): block-table reads per TILE_GROUP tiles
+    FULL_TILES: tl.constexpr,  # (TILE_GROUP > 0) tiles before every row's position unmasked
 ):
     i_tile = tl.program_id(0)
     i_chunk = tl.program_id(1)
@@ -137,7 +89,10 @@ def indexer_score_kernel(
     o_r = i_tile * ROWS + tl.arange(0, ROWS)
     m_r = o_r < num_rows
     b_request = tl.load(row_request_ptr + o_r, mask=m_r, other=-1).to(tl.int32)
-    b_position = tl.load(row_position_ptr + o_r, mask=m_r, other=-1).to(tl.int64)
+    # Positions past L - 1 see the same keys as L - 1. (int64 here: int32 positions made the
+    # AMD compiles spill scalar registers; the FP8 tiles convert to int32.)
+    b_position = tl.load(row_position_ptr + o_r, mask=m_r, other=-1)
+    b_position = tl.minimum(b_position, num_positions - 1)
 
     # Query vectors of the tile, row-major over (row, head), quantized like the keys (§9 #4).
     o_m = tl.arange(0, M)
@@ -171,6 +126,8 @@ def indexer_score_kernel(
         b_q_t0, b_q_t1 = tl.trans(b_q_0), tl.trans(b_q_1)
         b_q_t2, b_q_t3 = tl.trans(b_q_2), tl.trans(b_q_3)
 
+    o_key_rows = tl.arange(0, BLOCK_N) * stride_values_t  # a tile's rows in its page
+    o_scale_rows = tl.arange(0, BLOCK_N) * stride_scales_t
     chunk_start = i_chunk * keys_per_program
     chunk_end = tl.minimum(chunk_start + keys_per_program, num_positions)
     # Each request among the tile's rows streams its keys once (rows grouped by request in
@@ -182,6 +139,8 @@ def indexer_score_kernel(
             m_rows = b_request == request
             max_position = tl.max(tl.where(m_rows, b_position, -1))
             key_end = tl.minimum(chunk_end, max_position + 1)
+            min_position = tl.min(tl.where(m_rows, b_position, num_positions))
+            unmasked_end = tl.minimum(key_end, min_position + 1)  # keys every row sees
             if TILE_GROUP > 0:
                 # The pages of TILE_GROUP tiles read at once: the key loads of the inner loop
                 # then depend on no load of their own loop, so they pipeline num_stages deep.
@@ -192,15 +151,34 @@ def indexer_score_kernel(
                                       + o_tile_start // block_size,
                                       mask=o_tile_start < key_end, other=0)
                     group_end = tl.minimum(group_start + TILE_GROUP * BLOCK_N, key_end)
-                    for start in range(group_start, group_end, BLOCK_N):
+                    masked_start = group_start
+                    if FULL_TILES:
+                        # Tiles before every row's position: no masks (fewer instructions).
+                        full_end = tl.minimum(group_end, unmasked_end)
+                        masked_start = group_start + tl.maximum(
+                            full_end - group_start, 0) // BLOCK_N * BLOCK_N
+                        for start in range(group_start, masked_start, BLOCK_N):
+                            b_block = tl.sum(tl.where(o_tile_start == start, b_pages, 0))
+                            score_key_tile(
+                                values_ptr, scales_ptr, scores_ptr, b_block.to(tl.int64),
+                                start, key_end, chunk_end, block_size, stride_values_b,
+                                stride_values_t, stride_scales_b, stride_scales_t,
+                                stride_scores_row, o_key_rows, o_scale_rows, o_r, m_rows,
+                                b_position, b_weight, b_q_t, b_q_t0, b_q_t1, b_q_t2, b_q_t3,
+                                ROWS, HEADS_PAD, IS_MXFP4, DOT_DTYPE, USE_FP8_DOT,
+                                FP8_ACC_INTERVAL, K_SPLIT, KEY_CONVERT, REPEAT_EPILOGUE,
+                                BLOCK_N, PAGE_TILES, False)
+                    for start in range(masked_start, group_end, BLOCK_N):
                         b_block = tl.sum(tl.where(o_tile_start == start, b_pages, 0))
                         score_key_tile(
-                            values_ptr, scales_ptr, scores_ptr, b_block.to(tl.int64), start,
-                            key_end, chunk_end, block_size, stride_values_b, stride_values_t,
-                            stride_scales_b, stride_scales_t, stride_scores_row, o_r, m_rows,
+                            values_ptr, scales_ptr, scores_ptr, b_block.to(tl.int64),
+                            start, key_end, chunk_end, block_size, stride_values_b,
+                            stride_values_t, stride_scales_b, stride_scales_t,
+                            stride_scores_row, o_key_rows, o_scale_rows, o_r, m_rows,
                             b_position, b_weight, b_q_t, b_q_t0, b_q_t1, b_q_t2, b_q_t3,
                             ROWS, HEADS_PAD, IS_MXFP4, DOT_DTYPE, USE_FP8_DOT,
-                            FP8_ACC_INTERVAL, K_SPLIT, KEY_CONVERT, REPEAT_EPILOGUE, BLOCK_N)
+                            FP8_ACC_INTERVAL, K_SPLIT, KEY_CONVERT, REPEAT_EPILOGUE,
+                            BLOCK_N, PAGE_TILES)
             else:
                 for start in range(chunk_start, key_end, BLOCK_N):
                     o_s = start + tl.arange(0, BLOCK_N)
@@ -214,10 +192,12 @@ def indexer_score_kernel(
                     score_key_tile(
                         values_ptr, scales_ptr, scores_ptr, b_block.to(tl.int64), start,
                         key_end, chunk_end, block_size, stride_values_b, stride_values_t,
-                        stride_scales_b, stride_scales_t, stride_scores_row, o_r, m_rows,
+                        stride_scales_b, stride_scales_t, stride_scores_row, o_key_rows,
+                        o_scale_rows, o_r, m_rows,
                         b_position, b_weight, b_q_t, b_q_t0, b_q_t1, b_q_t2, b_q_t3,
                         ROWS, HEADS_PAD, IS_MXFP4, DOT_DTYPE, USE_FP8_DOT,
-                        FP8_ACC_INTERVAL, K_SPLIT, KEY_CONVERT, REPEAT_EPILOGUE, BLOCK_N)
+                        FP8_ACC_INTERVAL, K_SPLIT, KEY_CONVERT, REPEAT_EPILOGUE, BLOCK_N,
+                        PAGE_TILES)
             # Positions past every row of this request: -inf without reading keys.
             tail_start = chunk_start + tl.cdiv(tl.maximum(key_end - chunk_start, 0),
                                                BLOCK_N) * BLOCK_N
@@ -249,7 +229,7 @@ def indexer_score_triton(
     pages (contiguous last dim), block_table [N, max_blocks], row_request / row_position [Nq].
     num_positions: L when the caller knows it (host-side metadata): saves reading
       max(row_position) back from the device. Rows see keys up to min(position, L - 1).
-    config: the product and tiling (default: `default_config`, exact bf16 products).
+    config: the product and tiling (default: `default_config`, exact fp16 / bf16 products).
     use_fp8_dot: (config None) opt in to the fp8 tensor cores (`fp8_dot_config`, e4m3fn keys
       only): faster, but 4x outside the op's tolerance on the H200 (indexer_score_config).
     """
@@ -274,14 +254,13 @@ def indexer_score_triton(
             f"{index_values.stride()}")
     if num_positions is None:
         num_positions = int(row_position.max()) + 1 if num_rows else 0  # a device sync
-    elif num_positions < 0:
-        raise ValueError(f"num_positions must be >= 0, got {num_positions}")
+    elif not 0 <= num_positions < 2**31:
+        raise ValueError(f"num_positions must be in [0, 2^31) (int32 positions), got "
+                         f"{num_positions}")
     if config is None and use_fp8_dot:
         config = fp8_dot_config(indexer_score_kernel)
     elif config is None:
-        word_keys = (index_format == "fp8" and index_values.dtype == torch.float8_e4m3fn
-                     and _has_aligned_words(index_values))
-        config = default_config(indexer_score_kernel, num_positions, word_keys)
+        config = default_config(indexer_score_kernel, fp8_keys=index_format == "fp8")
     is_fp8_dot = config.dot.startswith("fp8")
     if (config.dot not in DOTS or config.k_split not in (1, 4)
             or config.key_convert not in KEY_CONVERTS):
@@ -291,6 +270,9 @@ def indexer_score_triton(
     if is_fp8_dot and (index_format != "fp8" or index_values.dtype != torch.float8_e4m3fn):
         raise ValueError(f"an fp8 dot ({config.dot!r}) needs e4m3fn fp8 keys, got "
                          f"{index_format} {index_values.dtype}")
+    if config.dot == "fp16" and index_format != "fp8":
+        raise ValueError(f"dot 'fp16' is for fp8 keys (MXFP4 values x 2^e overflow fp16), got "
+                         f"{index_format}")
     if config.k_split == 4 and index_format != "fp8":
         raise ValueError("k_split=4 is for fp8 keys, got mxfp4")
     key_convert = KEY_CONVERTS.index(config.key_convert) if not is_fp8_dot else 0
@@ -315,7 +297,8 @@ def indexer_score_triton(
     num_row_tiles = triton.cdiv(num_rows, rows)
     num_key_tiles = triton.cdiv(num_positions, block_n)
     num_programs_wanted = config.programs_per_sm * _num_sms(q.device)
-    num_chunks = min(num_key_tiles, max(1, triton.cdiv(num_programs_wanted, num_row_tiles)))
+    # Rounded down: programs past whole waves would make a last wave as slow as a full one.
+    num_chunks = min(num_key_tiles, max(1, num_programs_wanted // num_row_tiles))
     keys_per_program = triton.cdiv(num_key_tiles, num_chunks) * block_n
     num_chunks = triton.cdiv(num_positions, keys_per_program)
     num_warps = config.num_warps
@@ -339,7 +322,7 @@ def indexer_score_triton(
         IS_MXFP4=index_format == "mxfp4",
         FP8_MAX_VALUE=fp8_max_value,
         MIN_AMAX=FP8_INDEX_AMAX_FLOOR,
-        DOT_DTYPE=tl.float32 if config.dot == "fp32" else tl.bfloat16,
+        DOT_DTYPE=DOT_DTYPES.get(config.dot, tl.bfloat16),  # fp8 dots: unused
         USE_FP8_DOT=is_fp8_dot,
         FP8_ACC_INTERVAL=FP8_ACC_INTERVALS.get(config.dot, 0),
         K_SPLIT=config.k_split,
@@ -348,6 +331,7 @@ def indexer_score_triton(
         BLOCK_N=block_n,
         PAGE_TILES=block_size % block_n == 0,
         TILE_GROUP=config.tile_group if block_size % block_n == 0 else 0,
+        FULL_TILES=config.unmasked_full_tiles,
         num_warps=num_warps,
         num_stages=config.num_stages,
         **register_cap,

@@ -4,10 +4,13 @@ The contract is ``kda_prefill`` of ``atomk31/ops/kda_prefill.py``; this file hol
 It plans the chunks on the host, then runs the stages in order:
 
 1. stage 1 (one program per chunk and head, all in parallel): the chunk-local scores, the
-   unit lower-triangular solve and the gated keys/queries. By default in one kernel,
+   unit lower-triangular solve and the gated keys/queries. In one kernel,
    ``kda_prefill_intra``; or (``KdaPrefillTuning.intra_split``) in two,
    ``kda_prefill_scores`` (scores and the solve, the head dimension in slices) then
-   ``kda_prefill_gated`` (gated rows, w and u as [64, 64] x [64, BLOCK] matmuls);
+   ``kda_prefill_gated`` (gated rows, w and u as [64, 64] x [64, BLOCK] matmuls); or
+   (``scores_columns``) with the scores as [64, 16] column blocks,
+   ``kda_prefill_scores_columns``, before the gated kernel or (``fuse_gated``) with its work
+   in the same program;
 2. ``kda_prefill_state`` (one program per request, head and value block, chunk after
    chunk): the state, the snapshots, and either the output (fused) or, by default, the
    state before each chunk and V' for stage 3;
@@ -38,6 +41,9 @@ from atomk31.triton_kernels.kda_prefill_intra import (
 )
 from atomk31.triton_kernels.kda_prefill_output import kda_prefill_output
 from atomk31.triton_kernels.kda_prefill_scores import kda_prefill_scores
+from atomk31.triton_kernels.kda_prefill_scores_columns import (
+    kda_prefill_intra_columns, kda_prefill_scores_columns,
+)
 from atomk31.triton_kernels.kda_prefill_state import kda_prefill_state
 from atomk31.triton_kernels.kda_prefill_tuning import KdaPrefillTuning
 from atomk31.triton_kernels.runtime import runs_on_interpreter
@@ -75,8 +81,7 @@ def kda_prefill_triton(
     _check_bounds(bounds, snapshot_rows, q.shape[0])
     plan = plan_chunks(bounds, snapshot_rows)
     device = q.device
-    table = {name: torch.tensor(values, dtype=torch.int32, device=device)
-             for name, values in plan.items() if name != "copies"}
+    table = chunk_table(plan, device)
     q, k, v = (_token_major(x) for x in (q, k, v))
     g, beta = g.float().contiguous(), beta.float().contiguous()
     if intermediate_dtype is None:
@@ -108,10 +113,23 @@ def run_intra(
 ) -> dict[str, torch.Tensor]:
     """Stage 1, split in two kernels (kda_prefill_scores.py, kda_prefill_gated.py) or in one
     (kda_prefill_intra.py), as ``tuning`` says; both return the same intermediates."""
+    if tuning.scores_columns and tuning.fuse_gated:
+        return kda_prefill_intra_columns(q, k, v, g, beta, chunk_start, chunk_len, scale,
+                                         intermediate_dtype, tuning.scores_block_k,
+                                         tuning.scores_num_warps, tuning.scores_tf32_solve,
+                                         tuning.scores_bf16, tuning.compact_scores,
+                                         tuning.gated_block, tuning.bf16_products)
     if tuning.intra_split:
-        scores = kda_prefill_scores(q, k, g, beta, chunk_start, chunk_len, scale,
-                                    tuning.scores_block_k, tuning.scores_num_warps,
-                                    tuning.scores_tf32_solve)
+        if tuning.scores_columns:
+            scores = kda_prefill_scores_columns(q, k, g, beta, chunk_start, chunk_len, scale,
+                                                tuning.scores_block_k, tuning.scores_num_warps,
+                                                tuning.scores_tf32_solve, tuning.scores_bf16,
+                                                intermediate_dtype if tuning.compact_scores
+                                                else torch.float32)
+        else:
+            scores = kda_prefill_scores(q, k, g, beta, chunk_start, chunk_len, scale,
+                                        tuning.scores_block_k, tuning.scores_num_warps,
+                                        tuning.scores_tf32_solve)
         return kda_prefill_gated(q, k, v, g, beta, chunk_start, chunk_len, scores,
                                  intermediate_dtype, tuning.gated_block, tuning.gated_num_warps,
                                  tuning.bf16_products)
@@ -138,6 +156,15 @@ def default_tuning(dtype: torch.dtype) -> KdaPrefillTuning:
         return KdaPrefillTuning()
     return KdaPrefillTuning(intra_num_warps=8, output_block_v=64, block_v=32,
                             num_stages=1 if target.arch == "gfx942" else None)
+
+
+def chunk_table(plan: dict[str, list], device: torch.device) -> dict[str, torch.Tensor]:
+    """The plan's int32 columns on the device, in one host-to-device copy (each copy is a
+    synchronous round trip of some microseconds): views of one buffer."""
+    names = [name for name in plan if name != "copies"]
+    flat = torch.tensor([value for name in names for value in plan[name]], dtype=torch.int32,
+                        device=device)
+    return dict(zip(names, flat.split([len(plan[name]) for name in names])))
 
 
 def plan_chunks(bounds: list[int], snapshot_rows: list[list[int]]) -> dict[str, list]:

@@ -24,38 +24,24 @@ from atomk31.triton_kernels.runtime import dot_precision, runs_on_interpreter
 def _apply(b_p, b_x, BF16_PRODUCTS: tl.constexpr, DOT_PRECISION: tl.constexpr, out_dtype):
     if BF16_PRODUCTS:
         return tl.dot(b_p.to(out_dtype), b_x.to(out_dtype))
-    return tl.dot(b_p, b_x, input_precision=DOT_PRECISION)
+    return tl.dot(b_p.to(tl.float32), b_x, input_precision=DOT_PRECISION)
 
 
 @triton.jit
-def kda_prefill_gated_kernel(
-    # pointers: inputs (token-major [T, H, *]), the chunk table, stage 1a's outputs
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, chunk_start_ptr, chunk_len_ptr,
-    inverse_ptr, inv_norm_q_ptr, inv_norm_k_ptr,
-    # pointers: outputs [C, H, BT, *] and decay [C, H, K]
-    qg_ptr, kd_ptr, w_ptr, u_ptr, decay_ptr,
-    # strides (elements between consecutive tokens)
-    stride_q, stride_k, stride_v,
-    # meta-parameters
+def gated_outputs(
+    q_ptr, k_ptr, v_ptr, g_ptr, t0, length, i_h, base, b_p, b_norm_q, b_norm_k, b_beta,
+    qg_ptr, kd_ptr, w_ptr, u_ptr, decay_ptr, stride_q, stride_k, stride_v,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
     BLOCK: tl.constexpr, BF16_PRODUCTS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
-    t0 = tl.load(chunk_start_ptr + i_c).to(tl.int64)
-    length = tl.load(chunk_len_ptr + i_c)
-    base = (i_c * H + i_h).to(tl.int64)                     # this (chunk, head)
+    """qg, kd, decay, w and u of one (chunk, head) from the inverse P [BT, BT] (lower, zeros
+    above), the inverse norms and β [BT] (0 past the chunk's end); shared with the fused
+    stage 1 of kda_prefill_scores_columns.py."""
     o_t = tl.arange(0, BT)
     m_t = o_t < length
     rows = (t0 + o_t)[:, None]
     p_out_rows = (base * BT + o_t)[:, None]
     out_dtype = w_ptr.dtype.element_ty
-
-    b_p = tl.load(inverse_ptr + p_out_rows * BT + o_t[None, :],
-                  mask=o_t[:, None] >= o_t[None, :], other=0.0)
-    b_norm_q = tl.load(inv_norm_q_ptr + base * BT + o_t)
-    b_norm_k = tl.load(inv_norm_k_ptr + base * BT + o_t)
-    b_beta = tl.load(beta_ptr + (t0 + o_t) * H + i_h, mask=m_t, other=0.0)
-
     for k_start in range(0, K, BLOCK):
         o_k = k_start + tl.arange(0, BLOCK)
         m_k = o_k < K
@@ -86,6 +72,34 @@ def kda_prefill_gated_kernel(
         tl.store(u_ptr + p_out_rows * V + o_v[None, :], b_u.to(out_dtype), mask=m_v[None, :])
 
 
+@triton.jit
+def kda_prefill_gated_kernel(
+    # pointers: inputs (token-major [T, H, *]), the chunk table, stage 1a's outputs
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, chunk_start_ptr, chunk_len_ptr,
+    inverse_ptr, inv_norm_q_ptr, inv_norm_k_ptr,
+    # pointers: outputs [C, H, BT, *] and decay [C, H, K]
+    qg_ptr, kd_ptr, w_ptr, u_ptr, decay_ptr,
+    # strides (elements between consecutive tokens)
+    stride_q, stride_k, stride_v,
+    # meta-parameters
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+    BLOCK: tl.constexpr, BF16_PRODUCTS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    t0 = tl.load(chunk_start_ptr + i_c).to(tl.int64)
+    length = tl.load(chunk_len_ptr + i_c)
+    base = (i_c * H + i_h).to(tl.int64)                     # this (chunk, head)
+    o_t = tl.arange(0, BT)
+    b_p = tl.load(inverse_ptr + (base * BT + o_t)[:, None] * BT + o_t[None, :],
+                  mask=o_t[:, None] >= o_t[None, :], other=0.0)
+    b_norm_q = tl.load(inv_norm_q_ptr + base * BT + o_t)
+    b_norm_k = tl.load(inv_norm_k_ptr + base * BT + o_t)
+    b_beta = tl.load(beta_ptr + (t0 + o_t) * H + i_h, mask=o_t < length, other=0.0)
+    gated_outputs(q_ptr, k_ptr, v_ptr, g_ptr, t0, length, i_h, base, b_p, b_norm_q, b_norm_k,
+                  b_beta, qg_ptr, kd_ptr, w_ptr, u_ptr, decay_ptr, stride_q, stride_k,
+                  stride_v, H, K, V, BT, BLOCK, BF16_PRODUCTS, DOT_PRECISION)
+
+
 def kda_prefill_gated(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -104,7 +118,7 @@ def kda_prefill_gated(
     keep the contract of ``kda_prefill_intra.kda_prefill_intra``: q, k [T, H, K] (token stride
     free, head and channel dense); v [T, H, V]; g fp32 [T, H, K]; beta fp32 [T, H];
     chunk_start, chunk_len int32 [C] -> {"w": [C, H, BT, K], "u": [C, H, BT, V],
-    "qg", "kd": [C, H, BT, K] in intermediate_dtype; "aqk": fp32 [C, H, BT, BT] (scores'),
+    "qg", "kd": [C, H, BT, K] in intermediate_dtype; "aqk": [C, H, BT, BT] (scores'),
     "decay": fp32 [C, H, K]}. ``bf16_products``: the products in the intermediate dtype when
     it is 16-bit (not under the interpreter, whose BF16 dot is wrong)."""
     num_tokens, num_heads, head_dim = q.shape

@@ -49,7 +49,8 @@ def kda_prefill_output_kernel(
         b_o = tl.dot(b_aqk.to(b_new_v.dtype), b_new_v, b_o)
     else:
         b_o = tl.dot(b_qg.to(tl.float32), b_h.to(tl.float32), input_precision=DOT_PRECISION)
-        b_o = tl.dot(b_aqk, b_new_v.to(tl.float32), b_o, input_precision=DOT_PRECISION)
+        b_o = tl.dot(b_aqk.to(tl.float32), b_new_v.to(tl.float32), b_o,
+                     input_precision=DOT_PRECISION)
     t0 = tl.load(chunk_start_ptr + i_c).to(tl.int64)
     length = tl.load(chunk_len_ptr + i_c)
     tl.store(o_ptr + (t0 + o_t)[:, None] * stride_o + i_h * V + o_v[None, :],

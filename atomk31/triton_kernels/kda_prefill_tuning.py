@@ -13,6 +13,10 @@ class KdaPrefillTuning:
     scores_block_k: int = 32            # split stage 1a: head channels per slice
     scores_num_warps: int = 4           # split stage 1a
     scores_tf32_solve: bool = False     # split stage 1a: solve in TF32 (16-bit inputs only)
+    scores_columns: bool = False        # split stage 1a: one program, [64, 16] column blocks
+    scores_bf16: bool = False           # column-block stage 1a: BF16 score products (16-bit)
+    compact_scores: bool = False        # column-block stage 1a: aqk, inverse in 16-bit dtype
+    fuse_gated: bool = False            # column-block stage 1a: stage 1b in the same kernel
     gated_block: int = 64               # split stage 1b: channels per product
     gated_num_warps: int = 4            # split stage 1b
     intra_num_warps: int = 4            # single-kernel stage 1, one program per (chunk, head)

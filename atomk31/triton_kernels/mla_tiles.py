@@ -9,9 +9,11 @@ programs over short selections (16 sparse rows) 64 keys per step, probabilities 
 memory and two waves of key splits won. Round 2, for the model's 96 heads with bf16
 products (`_cuda_many_heads_tiles`): 128 query vectors a program over two value-split
 programs, 64 keys a step, and 16 key splits for few programs over short selections.
+Round 3 (graph-timed): sparse MLA over few rows takes that layout too, with the next tile's
+key rows read ahead and FP16 products over the FP8 latent.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -36,6 +38,8 @@ class MlaTiles:
     num_stages: int
     value_splits: int = 1  # programs sharing a query block, each owning 512 / value_splits
     scores_via_memory: bool = False
+    prefetch: int = 0  # 1: the next tile's key rows read during this one
+    fp16_operands: bool = False  # FP16 products over an FP8 latent (queries scaled)
 
 
 def choose_tiles(
@@ -53,14 +57,49 @@ def choose_tiles(
     num_stages: int | None = None,
     value_splits: int | None = None,
     scores_via_memory: bool | None = None,
+    prefetch: int | None = None,
+    fp16_operands: bool | None = None,
+    is_sparse: bool = False,
 ) -> MlaTiles:
-    """The tile configuration: what the caller fixed, the rest chosen for the target."""
+    """The tile configuration: what the caller fixed, the rest chosen for the target.
+    `is_sparse`: the rows' own selections (sparse_mla) rather than causal keys (dense_mla),
+    whose defaults were measured apart."""
+    tiles = _choose_shape(q, is_fp32, is_interpreter, num_groups, max_keys, rows_per_program,
+                          num_splits=num_splits, block_h=block_h, block_n=block_n,
+                          num_warps=num_warps, num_stages=num_stages, value_splits=value_splits,
+                          scores_via_memory=scores_via_memory, is_sparse=is_sparse)
+    if prefetch not in (None, 0, 1):
+        raise ValueError(f"prefetch must be 0 or 1, got {prefetch}")
+    return replace(tiles, prefetch=tiles.prefetch if prefetch is None else prefetch,
+                   fp16_operands=tiles.fp16_operands if fp16_operands is None
+                   else fp16_operands)
+
+
+def _choose_shape(
+    q: torch.Tensor,
+    is_fp32: bool,
+    is_interpreter: bool,
+    num_groups: int,
+    max_keys: int,
+    rows_per_program: int,
+    *,
+    num_splits: int | None,
+    block_h: int | None,
+    block_n: int | None,
+    num_warps: int | None,
+    num_stages: int | None,
+    value_splits: int | None,
+    scores_via_memory: bool | None,
+    is_sparse: bool,
+) -> MlaTiles:
+    """Block sizes, warps, stages and splits: what the caller fixed, the rest chosen."""
     num_heads = q.shape[1]
     is_hip = not is_interpreter and driver.active.get_current_target().backend == "hip"
     is_small_target = is_interpreter or is_fp32 or is_hip
     tile_knobs = (block_h, block_n, num_warps, num_stages, value_splits, scores_via_memory)
     if not is_small_target and num_heads > 64 and all(knob is None for knob in tile_knobs):
-        return _cuda_many_heads_tiles(q, num_groups, max_keys, rows_per_program, num_splits)
+        return _cuda_many_heads_tiles(q, num_groups, max_keys, rows_per_program, num_splits,
+                                      is_sparse)
     if block_h is None:
         # 64 query vectors per program: the smallest Hopper warpgroup product (wgmma M = 64).
         # AMD keeps both dot operands in registers (no shared-memory operand), and float32
@@ -106,7 +145,8 @@ def choose_tiles(
 
 
 def _cuda_many_heads_tiles(q: torch.Tensor, num_groups: int, max_keys: int,
-                           rows_per_program: int, num_splits: int | None) -> MlaTiles:
+                           rows_per_program: int, num_splits: int | None,
+                           is_sparse: bool) -> MlaTiles:
     """Round 2's fastest tiles on the H200 for 65-128 heads (the model's 96), bf16 / fp8
     latent, as fractions of the bf16 matrix rate, all within the tests' error:
     - few programs over a short selection (sparse, 16 rows): 64 heads, 64 keys a step,
@@ -116,11 +156,19 @@ def _cuda_many_heads_tiles(q: torch.Tensor, num_groups: int, max_keys: int,
       step: sparse 19.4% (16.2%), dense 20.7% / 22.0% at 16K / 128K (18.3 / 19.6);
     - dense 4 rows a program: 32 heads x 4 rows = 128 query vectors, value splits, one
       stage: 27.9% / 29.1% (21.5 / 22.6).
-    2 rows a program keeps round 1's choice (not measured since). Every one: 8 warps."""
+    2 rows a program keeps round 1's choice (not measured since). Every one: 8 warps.
+    Round 3, sparse (graph-timed): few programs over a short selection (16 rows) take the
+    64-row layout (128 heads, value halves) with key splits filling the multiprocessors (4),
+    the next tile's key rows read ahead and FP16 products over the FP8 latent: 64 us, 14.7%
+    (round 2's 64-head via-memory default: 95 us, 10.0%); dense keeps round 2's."""
     num_head_blocks_of_64 = triton.cdiv(q.shape[1], 64)
     is_few_short = (num_groups * num_head_blocks_of_64 < 64 and max_keys <= SHORT_SELECTION
                     and rows_per_program == 1)
-    if is_few_short:
+    prefetch, fp16_operands = 0, False
+    if is_few_short and is_sparse:
+        block_h, value_splits, num_stages, scores_via_memory = 128, 2, 1, False
+        prefetch, fp16_operands = 1, True
+    elif is_few_short:
         block_h, value_splits, num_stages, scores_via_memory = 64, 1, 1, True
     elif rows_per_program == 1:
         block_h, value_splits, num_stages, scores_via_memory = 128, 2, 1, False
@@ -130,7 +178,7 @@ def _cuda_many_heads_tiles(q: torch.Tensor, num_groups: int, max_keys: int,
         block_h, value_splits, num_stages, scores_via_memory = 64 // rows_per_program, 1, 2, False
     block_n, num_warps = 64, 8
     num_key_tiles = max(1, triton.cdiv(max_keys, block_n))
-    if num_splits is None and is_few_short:
+    if num_splits is None and is_few_short and not is_sparse:
         num_splits = triton.cdiv(num_key_tiles, FEW_SHORT_TILES_PER_SPLIT)
     elif num_splits is None:
         num_programs = num_groups * triton.cdiv(q.shape[1], block_h) * value_splits
@@ -138,7 +186,7 @@ def _cuda_many_heads_tiles(q: torch.Tensor, num_groups: int, max_keys: int,
         num_splits = fewest_splits_filling_waves(num_programs, _num_sms(q.device), max_splits)
     num_splits = max(1, min(num_splits, num_key_tiles))
     return MlaTiles(block_h, block_n, rows_per_program, num_splits, num_warps, num_stages,
-                    value_splits, scores_via_memory)
+                    value_splits, scores_via_memory, prefetch, fp16_operands)
 
 
 def fewest_splits_filling_waves(num_programs: int, num_sms: int, max_splits: int) -> int:

@@ -11,7 +11,8 @@ and multiplied by the activation rows, in each ``MODE``.
 import triton
 import triton.language as tl
 
-from atomk31.triton_kernels.moe_mxfp4_decode import e2m1_times_2_pow_minus_14, e8m0_factor
+from atomk31.triton_kernels.moe_mxfp4_decode import (e2m1_times_2_pow_minus_14, e2m1_word_pairs,
+                                                     e2m1_word_pairs_scaled_ptx, e8m0_factor)
 
 # "fma_words" decodes E2M1 as fp32 E2M1 * 2^-126 and multiplies it by activations times
 # 2^ACTIVATION_SHIFT (see _word_tile_product): products stay normal unless |a * w| < 2^-62,
@@ -19,6 +20,7 @@ from atomk31.triton_kernels.moe_mxfp4_decode import e2m1_times_2_pow_minus_14, e
 ACTIVATION_SHIFT = 64
 ACTIVATION_SCALE = tl.constexpr(2.0 ** ACTIVATION_SHIFT)
 WORD_PRODUCT_SCALE = tl.constexpr(2.0 ** (126 - ACTIVATION_SHIFT - 14))
+TWO_POW_126 = tl.constexpr(2.0 ** 126)
 
 
 @triton.jit
@@ -133,11 +135,98 @@ def _word_tile_product(b_a, p_words, p_scales, k0, acc,
 
 
 @triton.jit
+def _bf16x2_halves(b_pairs, AS_FP32: tl.constexpr):
+    """int32 BF16x2 bits -> (low, high) halves as BF16 (as fp32 when AS_FP32; exact)."""
+    if AS_FP32:
+        b_low = (b_pairs << 16).to(tl.float32, bitcast=True)
+        b_high = (b_pairs & -65536).to(tl.float32, bitcast=True)
+    else:
+        b_low = b_pairs.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        b_high = (b_pairs >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return b_low, b_high
+
+
+@triton.jit
+def _scaled_word_pair(b_pairs, b_scales):
+    """Plain-Triton path of "dot_t_words": unscaled pairs (E2M1 * 2^-126) times 2^126 and the
+    E8M0 factor in fp32 (exact; two products so no factor overflows), as fp32 (low, high)."""
+    b_low, b_high = _bf16x2_halves(b_pairs, True)
+    b_factor = (b_scales << 23).to(tl.float32, bitcast=True)
+    return b_low * TWO_POW_126 * b_factor, b_high * TWO_POW_126 * b_factor
+
+
+@triton.jit
+def _words_tile_weights(p_words, p_scales, k0, STRIDE_WORDS: tl.constexpr,
+                        STRIDE_SCALES: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, WORD_DECODE: tl.constexpr):
+    """MODE "dot_t_words": W[rows, k0:k0+BLOCK_K] read as int32 words, decoded two weights per
+    32-bit op, returned as [BLOCK_N, BLOCK_K] in the WORD ORDER of the inputs (words_order).
+    WORD_DECODE: "triton" (plain ops, any backend; fp32 weights), "ptx" (NVIDIA; BF16 weights,
+    exact) or "ptx_one_factor" (BF16 weights times 2^-ONE_FACTOR_SHIFT, limited scale range).
+
+    The tensor-core A fragment gives lane c (of 4) inputs 2c, 2c+1, 2c+8, 2c+9 of every 16.
+    Word order puts word (c, q) of the tile (words c Q .. c Q + Q-1, Q = BLOCK_K / 32) on lane
+    c: pair i of word q (nibbles i and i + 4, one BF16x2 register) lands on k' = 32 q + 16 i1 +
+    8 i0 + 2 c + {0, 1} (i = 2 i1 + i0). So every thread decodes whole words, from one 4Q-byte
+    load, straight into the registers the MMA reads; the activations come in the same order."""
+    Q: tl.constexpr = BLOCK_K // 32
+    WORDS: tl.constexpr = BLOCK_K // 8
+    GROUPS: tl.constexpr = BLOCK_K // 32
+    o_n = tl.arange(0, BLOCK_N)
+    o_kw = tl.multiple_of(k0 // 8, WORDS) + tl.arange(0, WORDS)
+    o_g = tl.multiple_of(k0 // 32, GROUPS) + tl.arange(0, GROUPS)
+    b_words = tl.reshape(tl.load(p_words + o_n[:, None] * STRIDE_WORDS + o_kw[None, :]),
+                         (BLOCK_N, 4, Q))
+    b_scales = tl.load(p_scales + o_n[:, None] * STRIDE_SCALES + o_g[None, :]).to(tl.int32)
+    # Word w = 4 g + r of the tile is in group g: [N, G] -> [N, G, 4] -> [N, 4 (c), Q].
+    b_scales = tl.reshape(tl.broadcast_to(b_scales[:, :, None], (BLOCK_N, GROUPS, 4)),
+                          (BLOCK_N, 4, Q))
+    if WORD_DECODE != "triton":                            # "ptx" or "ptx_one_factor"
+        b_p0, b_p1, b_p2, b_p3 = e2m1_word_pairs_scaled_ptx(b_words, b_scales,
+                                                             WORD_DECODE == "ptx_one_factor")
+        b_l0, b_h0 = _bf16x2_halves(b_p0, False)
+        b_l1, b_h1 = _bf16x2_halves(b_p1, False)
+        b_l2, b_h2 = _bf16x2_halves(b_p2, False)
+        b_l3, b_h3 = _bf16x2_halves(b_p3, False)
+    else:
+        b_p0, b_p1, b_p2, b_p3 = e2m1_word_pairs(b_words)
+        b_l0, b_h0 = _scaled_word_pair(b_p0, b_scales)
+        b_l1, b_h1 = _scaled_word_pair(b_p1, b_scales)
+        b_l2, b_h2 = _scaled_word_pair(b_p2, b_scales)
+        b_l3, b_h3 = _scaled_word_pair(b_p3, b_scales)
+    # [N, c, q] per nibble -> [N, c, q, i2, i0, i1] (nibble 4 i2 + 2 i1 + i0) ->
+    # [N, q, i1, i0, c, i2] -> k' = 32 q + 16 i1 + 8 i0 + 2 c + i2.
+    b_i1_0 = tl.join(tl.join(b_l0, b_h0), tl.join(b_l1, b_h1))
+    b_i1_1 = tl.join(tl.join(b_l2, b_h2), tl.join(b_l3, b_h3))
+    b_w = tl.permute(tl.join(b_i1_0, b_i1_1), (0, 2, 5, 4, 1, 3))
+    return tl.reshape(b_w, (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def words_order(o_k, BLOCK_K: tl.constexpr):
+    """Input index k -> its position k' in word order (see _words_tile_weights), per block of
+    BLOCK_K inputs: k = 8 (Q c + q) + 4 i2 + 2 i1 + i0 -> 32 q + 16 i1 + 8 i0 + 2 c + i2."""
+    Q: tl.constexpr = BLOCK_K // 32
+    o_r = o_k % BLOCK_K
+    o_word = o_r // 8
+    o_c, o_q = o_word // Q, o_word % Q
+    o_i2, o_i1, o_i0 = (o_r >> 2) & 1, (o_r >> 1) & 1, o_r & 1
+    return (o_k - o_r) + 32 * o_q + 16 * o_i1 + 8 * o_i0 + 2 * o_c + o_i2
+
+
+@triton.jit
 def tile_product(b_a_even, b_a_odd, b_a, p_packed, p_scales, k0, acc,
                   STRIDE_PACKED: tl.constexpr, STRIDE_SCALES: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  MODE: tl.constexpr, DOT_FP32: tl.constexpr):
-    if MODE == "fma_words":
+                  MODE: tl.constexpr, DOT_FP32: tl.constexpr, WORD_DECODE: tl.constexpr):
+    if MODE == "dot_t_words":
+        b_w = _words_tile_weights(p_packed, p_scales, k0, STRIDE_PACKED, STRIDE_SCALES, BLOCK_N,
+                                  BLOCK_K, WORD_DECODE)
+        if DOT_FP32:
+            acc = tl.dot(b_w, tl.trans(b_a.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(b_w.to(b_a.dtype), tl.trans(b_a), acc)   # exact for BF16
+    elif MODE == "fma_words":
         acc = _word_tile_product(b_a, p_packed, p_scales, k0, acc, STRIDE_PACKED,
                                  STRIDE_SCALES, BLOCK_M, BLOCK_N, BLOCK_K)
     else:
@@ -173,7 +262,7 @@ def load_activations(p_rows, m_m, k0, BLOCK_K: tl.constexpr, MODE: tl.constexpr)
 
 @triton.jit
 def tile_accumulator(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr):
-    if MODE == "dot_t":
+    if MODE == "dot_t" or MODE == "dot_t_words":
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)

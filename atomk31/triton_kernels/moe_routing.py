@@ -4,7 +4,9 @@ GEMMs read (MODEL_SPEC §4.7).
 ``moe_route``: contract of ``atomk31/ops/moe.py``. The router logits are fp32 (§8 #13):
 up to FUSED_ROUTER_MAX_TOKENS tokens the kernel computes them itself (one launch: the few
 microseconds of reading the router weight beat three launches of cast, cuBLAS GEMM and
-kernel); above, one cuBLAS GEMM (``x.float() @ router_weight.float().T``). The kernel then
+kernel); above, one cuBLAS GEMM (``x.float() @ router_weight.float().T``). Opt-in
+(``split_router``): ``moe_router_logits_kernel`` spreads the logits over E / 4 programs per
+token, then the same top-k kernel reads them (two launches). ``moe_route_kernel`` then
 does, per token: sigmoid, + correction bias (selection only), top-k by repeated
 arg-max (ties -> lower expert id), weights from the unbiased scores, renormalisation
 (``/ (sum + 1e-20)``) and the routed scaling factor.
@@ -29,10 +31,11 @@ FUSED_ROUTER_MAX_TOKENS = 64
 
 
 @triton.jit
-def _router_logits(x_ptr, router_ptr, i_t, stride_x, E: tl.constexpr, D: tl.constexpr,
+def _router_logits(x_ptr, router_ptr, i_t, e0, stride_x, E: tl.constexpr, D: tl.constexpr,
                    BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
-    """fp32 logits [BLOCK_E] of token i_t: x[i_t] . router_weight[e] (fp32 products)."""
-    o_e, o_d = tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_D)
+    """fp32 logits [BLOCK_E] of token i_t for experts e0..e0+BLOCK_E-1: x[i_t] .
+    router_weight[e] (fp32 products)."""
+    o_e, o_d = e0 + tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_D)
     m_e = o_e < E
     b_acc = tl.zeros([BLOCK_E, BLOCK_D], dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
@@ -59,7 +62,7 @@ def moe_route_kernel(
     o_e, o_k = tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_K)
     m_e = o_e < E
     if FUSED:
-        b_logits = _router_logits(x_ptr, router_ptr, i_t, stride_x, E, D, BLOCK_E, BLOCK_D)
+        b_logits = _router_logits(x_ptr, router_ptr, i_t, 0, stride_x, E, D, BLOCK_E, BLOCK_D)
     else:
         b_logits = tl.load(logits_ptr + i_t * E + o_e, mask=m_e, other=0.0)
     b_scores = tl.sigmoid(b_logits)
@@ -82,6 +85,21 @@ def moe_route_kernel(
     tl.store(ids_ptr + i_t * TOP_K + o_k, b_ids, mask=m_k)
 
 
+@triton.jit
+def moe_router_logits_kernel(x_ptr, router_ptr, logits_ptr, stride_x, E: tl.constexpr,
+                             D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+    """logits fp32 [T, E]: program (t, j) computes experts j BLOCK_E .. (j+1) BLOCK_E - 1 of
+    token t, so the router weight is read by many SMs at once (split_router)."""
+    i_t, e0 = tl.program_id(0).to(tl.int64), tl.program_id(1) * BLOCK_E
+    b_logits = _router_logits(x_ptr, router_ptr, i_t, e0, stride_x, E, D, BLOCK_E, BLOCK_D)
+    o_e = e0 + tl.arange(0, BLOCK_E)
+    tl.store(logits_ptr + i_t * E + o_e, b_logits, mask=o_e < E)
+
+
+# split_router: experts per program of moe_router_logits_kernel (64 experts: 16 programs).
+SPLIT_ROUTER_EXPERTS = 4
+
+
 def moe_route_triton(
     x: torch.Tensor,
     router_weight: torch.Tensor,
@@ -90,11 +108,16 @@ def moe_route_triton(
     renormalize: bool,
     scaling_factor: float,
     fuse_router: bool | None = None,
+    split_router: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [T, D]; router_weight: [E, D]; correction_bias: [E]
     -> (topk_weights fp32 [T, k], topk_ids int32 [T, k]), ids in descending biased score.
 
-    fuse_router: logits computed in the kernel (None: up to FUSED_ROUTER_MAX_TOKENS tokens)."""
+    fuse_router: logits computed in the kernel (None: up to FUSED_ROUTER_MAX_TOKENS tokens).
+    split_router (a benchmark knob; overrides fuse_router): the logits by
+    moe_router_logits_kernel, SPLIT_ROUTER_EXPERTS experts per program, then the top-k kernel:
+    two launches, but the 0.9 MB router weight is read by E / 4 SMs per token instead of one
+    (the fused kernel's single program per token took 26 us at 1 token on the H200)."""
     num_experts = router_weight.shape[0]
     if x.dim() != 2 or router_weight.shape != (num_experts, x.shape[1]):
         raise ValueError(f"moe_route: expected x [T, D] and router_weight [E, D], got "
@@ -111,7 +134,15 @@ def moe_route_triton(
     if not num_tokens:
         return weights, ids
     block_e = triton.next_power_of_2(num_experts)
-    if fused:
+    if split_router:
+        fused = False
+        x = x if x.stride(-1) == 1 else x.contiguous()
+        logits = torch.empty((num_tokens, num_experts), dtype=torch.float32, device=x.device)
+        moe_router_logits_kernel[(num_tokens, triton.cdiv(num_experts, SPLIT_ROUTER_EXPERTS))](
+            x, router_weight.contiguous(), logits, x.stride(0), E=num_experts, D=hidden_size,
+            BLOCK_E=SPLIT_ROUTER_EXPERTS, BLOCK_D=min(triton.next_power_of_2(hidden_size), 1024),
+            num_warps=4)
+    elif fused:
         x = x if x.stride(-1) == 1 else x.contiguous()
         router_weight = router_weight.contiguous()
         logits = weights                                   # not read

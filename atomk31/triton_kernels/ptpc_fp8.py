@@ -14,16 +14,22 @@ casts once at the end); large M uses big tiles with a grouped program order for 
 On Hopper the FP8 wgmma keeps only ~14 bits of its running sum, so the kernel promotes the
 partial sum into an fp32 accumulator every ``promote_every`` K elements (as DeepGEMM does).
 Under the interpreter the FP8 operands are widened to fp32 before the product.
+
+Configs with ``tma=True`` run the warp-specialized TMA kernel instead (ptpc_fp8_tma.py, Hopper
+only); the tile choice lives in ptpc_fp8_config.py.
 """
 
 import dataclasses
-import functools
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from atomk31.triton_kernels.ptpc_fp8_config import (  # noqa: F401 (the config API, re-exported)
+    INTERPRETER_CONFIG, GemmConfig, GemmTarget, current_target, pick_config_for_target,
+    split_k_to_fill,
+)
+from atomk31.triton_kernels.ptpc_fp8_tma import can_use_tma, launch_ptpc_gemm_tma
 from atomk31.triton_kernels.runtime import runs_on_interpreter
 
 # §6.5: the dynamic per-token activation scale floors amax at 1e-12.
@@ -145,116 +151,17 @@ def min_normal_exponent(fp8_dtype: torch.dtype) -> int:
     raise ValueError(f"expected torch.float8_e4m3fn or torch.float8_e4m3fnuz, got {fp8_dtype}")
 
 
-@dataclass(frozen=True)
-class GemmConfig:
-    """Tile shape and launch options of ``ptpc_gemm_kernel``.
-
-    ``split_k``: programs per output tile along K (fp32 atomics, then one cast).
-    ``promote_every``: K elements between promotions of the FP8 wgmma partial sum into the
-    fp32 accumulator (NVIDIA sm_90; None: never). ``promote_per_tile``: promote every
-    ``block_k`` through an explicit fp32 add of each tile's product instead (same numerics
-    as ``promote_every = block_k``). ``warp_specialize``: Triton's automatic warp
-    specialization of the K loop (producer / MMA partitions). ``dot_bf16``: widen the FP8
-    tiles to bf16 before the product (exact values, full fp32 accumulation, half the FP8
-    tensor rate)."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    split_k: int = 1
-    group_m: int = 8
-    num_warps: int = 4
-    num_stages: int = 4
-    promote_every: int | None = 128
-    promote_per_tile: bool = False
-    warp_specialize: bool = False
-    dot_bf16: bool = False
-
-
-# Under the interpreter: one small config (tests cover split K with explicit configs).
-INTERPRETER_CONFIG = GemmConfig(16, 32, 64, num_stages=1, promote_every=None)
-# Fewest K tiles one split may hold: fewer would spend the program on its prologue.
-MIN_K_TILES_PER_SPLIT = 4
-
-
-@dataclass(frozen=True)
-class GemmTarget:
-    """What the tile choice needs to know about the GPU."""
-
-    num_sms: int
-    is_amd: bool
-
-
-@functools.lru_cache(maxsize=None)
-def current_target() -> GemmTarget:
-    """The active Triton target (the compile-only driver's, in tests/amd_compile)."""
-    target = triton.runtime.driver.active.get_current_target()
-    if target.backend == "hip":
-        return GemmTarget(304 if target.arch == "gfx942" else 256, True)
-    num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
-        if torch.cuda.is_available() else 132
-    return GemmTarget(num_sms, False)
-
-
-def split_k_to_fill(tiles: int, k: int, block_k: int, num_sms: int) -> int:
-    """Splits of K that bring ``tiles`` output tiles up to about one program per SM, keeping
-    >= MIN_K_TILES_PER_SPLIT K tiles per split; normalized so that no split is empty."""
-    if 2 * tiles > num_sms:
-        return 1
-    k_tiles = triton.cdiv(k, block_k)
-    split = max(1, min(num_sms // tiles, k_tiles // MIN_K_TILES_PER_SPLIT))
-    return triton.cdiv(k_tiles, triton.cdiv(k_tiles, split))
-
-
-# One tile per shape class, by the largest M of the class (None: any larger M); split_k is
-# filled in per shape (split_k_to_fill). The round-1 H200 winners
-# (benchmarks/kernels/bench_ptpc_fp8.py):
-# * decode, M <= 64: 16/32/64-row tiles, 64 columns, K steps of 256; split K only where the
-#   tiles cannot cover half the SMs (kv_a: N = 576);
-# * M <= 256: 64x128x128 tiles (split K for small N);
-# * larger M: 128x128x128 tiles, 8 warps: two warpgroups of 64 rows, 2 x 64 fp32 registers
-#   each for the accumulator and the FP8 partial sum it promotes. Not 128x256: 2 x 128
-#   registers there, and it spilled (2.6x slower on the H200).
-# AMD: 2 stages (the stream pipeliner's double buffer; gfx942 has 64 KiB of LDS), no
-# promotion (max_num_imprecise_acc is for NVIDIA's sm_90).
-CONFIG_BY_MAX_M: tuple[tuple[int | None, GemmConfig], ...] = (
-    (16, GemmConfig(16, 64, 256)),
-    (32, GemmConfig(32, 64, 256)),
-    (64, GemmConfig(64, 64, 256)),
-    (256, GemmConfig(64, 128, 128)),
-    (None, GemmConfig(128, 128, 128, num_warps=8)),
-)
-# Round 2 on the H200 (vs torch._scaled_mm, same accuracy), CUDA only:
-# * M <= 16: no split K. kv_a (N = 576, K = 7168) at M = 1: 0.0213 ms unsplit vs 0.0648 with
-#   7 splits (fp32 atomics, then a cast); the other decode shapes fill the SMs unsplit anyway.
-CUDA_NO_SPLIT_MAX_M = 16
-# * 17 <= M <= 256 where the tiles fill the SMs unsplit: 64x128x256 tiles, 8 warps, 3 stages.
-#   o_proj at M = 128: 0.0483 ms vs 0.0602 for 64x128x128 on 4 warps. Where they do not
-#   (small N: kv_a), round 1's 64x128x128 tiles with split K.
-CUDA_UNSPLIT_M256_CONFIG = GemmConfig(64, 128, 256, num_warps=8, num_stages=3)
+# Programs of a persistent TMA config under the interpreter (on a GPU: one per SM): a few, so
+# that each walks several tiles.
+INTERPRETER_PERSISTENT_PROGRAMS = 3
 
 
 def pick_config(m: int, n: int, k: int) -> GemmConfig:
-    """The launcher's tile choice: ``CONFIG_BY_MAX_M`` for the current target (one small config
-    under the interpreter)."""
+    """The launcher's tile choice: ``pick_config_for_target`` for the current target (one
+    small config under the interpreter)."""
     if runs_on_interpreter(ptpc_gemm_kernel):
         return INTERPRETER_CONFIG
     return pick_config_for_target(m, n, k, current_target())
-
-
-def pick_config_for_target(m: int, n: int, k: int, target: GemmTarget) -> GemmConfig:
-    """``pick_config`` on a given target (tests check the AMD choices without the driver)."""
-    max_m, config = next((max_m, c) for max_m, c in CONFIG_BY_MAX_M
-                         if max_m is None or m <= max_m)
-    if target.is_amd:
-        config = dataclasses.replace(config, num_stages=2, promote_every=None)
-    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
-    split_k = split_k_to_fill(tiles, k, config.block_k, target.num_sms)
-    if not target.is_amd and m <= CUDA_NO_SPLIT_MAX_M:
-        split_k = 1
-    if not target.is_amd and max_m == 256 and split_k == 1:
-        config = CUDA_UNSPLIT_M256_CONFIG  # the same 64x128 tiles, so the same tile count
-    return dataclasses.replace(config, split_k=split_k)
 
 
 def ptpc_quantize_triton(
@@ -304,17 +211,26 @@ def ptpc_linear_quantized_triton(
         w_q = w_q.contiguous()
     if config is None:
         config = pick_config(m, n, k)
+        if config.tma and not can_use_tma(a, w_q):   # unaligned rows: the pointer kernel
+            config = pick_config_for_target(m, n, k, dataclasses.replace(current_target(),
+                                                                         has_tma_ws=False))
     split = config.split_k > 1
     c = torch.zeros((m, n), dtype=torch.float32, device=a.device) if split else \
         torch.empty((m, n), dtype=out_dtype, device=a.device)
     on_interpreter = runs_on_interpreter(ptpc_gemm_kernel)
-    promote_every = None if on_interpreter or config.promote_per_tile or \
-        config.promote_every is None else min(config.promote_every, config.block_k)
-    if m and n:
+    a_scale = x_scale.reshape(-1).float().contiguous()
+    w_scale = w_scale.float().contiguous()
+    if m and n and config.tma:
+        # persistent grids: one program per SM (a few under the interpreter, to walk tiles)
+        num_programs = current_target().num_sms if config.persistent and not on_interpreter \
+            else INTERPRETER_PERSISTENT_PROGRAMS
+        launch_ptpc_gemm_tma(a, w_q, a_scale, w_scale, c, config, on_interpreter, num_programs)
+    elif m and n:
+        promote_every = None if on_interpreter or config.promote_per_tile or \
+            config.promote_every is None else min(config.promote_every, config.block_k)
         grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), config.split_k)
         ptpc_gemm_kernel[grid](
-            a, w_q, x_scale.reshape(-1).float().contiguous(), w_scale.float().contiguous(), c,
-            m, n, k, a.stride(0), w_q.stride(0), c.stride(0),
+            a, w_q, a_scale, w_scale, c, m, n, k, a.stride(0), w_q.stride(0), c.stride(0),
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
             GROUP_M=config.group_m, SPLIT_K=config.split_k, DOT_FP32=on_interpreter,
             DOT_BF16=config.dot_bf16 and not on_interpreter, PROMOTE_EVERY=promote_every,

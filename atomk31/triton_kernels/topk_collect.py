@@ -44,9 +44,12 @@ def load_tile(p_row, o_s, m_s, is_full):
 
 
 @triton.jit
-def kth_largest_key(b_key, need, low, WAYS: tl.constexpr, BINS: tl.constexpr):
+def kth_largest_key(b_key, need, low, WAYS: tl.constexpr, BINS: tl.constexpr,
+                    SLACK: tl.constexpr = -1):
     """The largest x with count(b_key >= x) >= need, given a `low` with count(b_key >= low)
-    >= need (the smallest key of interest: the closer, the fewer rounds).
+    >= need (the smallest key of interest: the closer, the fewer rounds). With SLACK >= 0 it
+    may stop early at any x with need <= count(b_key >= x) <= need + SLACK (a lower bound of
+    the answer that is good enough for a threshold; -1: exact).
 
     A WAYS-way search: each round splits the interval into WAYS bins of 2^shift keys, counts
     the keys per bin with one histogram and keeps the bin that holds the answer, so a range
@@ -57,12 +60,16 @@ def kth_largest_key(b_key, need, low, WAYS: tl.constexpr, BINS: tl.constexpr):
     # interval can be 2^32 wide.
     low = low.to(tl.int64)
     high = tl.max(b_key, 0).to(tl.int64) + 1
+    # count(b_key >= low), tracked only when SLACK >= 0 (else never small enough to stop)
+    count_low = tl.full((), 2147483647, tl.int32)
+    if SLACK >= 0:
+        count_low = tl.sum((b_key.to(tl.int64) >= low).to(tl.int32), 0)
     # Bin j in 1..WAYS holds the keys in [edge_j, edge_j + 2^shift), edge_j = low + (j - 1)
     # 2^shift, bin WAYS also those above; bin 0 the keys below low. BINS >= WAYS + 1, a
     # multiple of the warp size (tl.histogram's lowering needs that; 64 lanes on AMD).
     o_bin = tl.arange(0, BINS)
     is_edge = (o_bin >= 1) & (o_bin <= WAYS)
-    while high - low > 1:
+    while (high - low > 1) & (count_low > need + SLACK):
         shift = tl.zeros((), tl.int64)  # the smallest with WAYS 2^shift >= high - low
         while (tl.full((), WAYS, tl.int64) << shift) < high - low:
             shift += 1
@@ -73,6 +80,9 @@ def kth_largest_key(b_key, need, low, WAYS: tl.constexpr, BINS: tl.constexpr):
         edge = low + ((o_bin - 1).to(tl.int64) << shift)
         is_enough = is_edge & (count >= need)
         low_next = tl.max(tl.where(is_enough, edge, low), 0)
+        if SLACK >= 0:
+            count_low = tl.minimum(count_low,
+                                   tl.min(tl.where(is_enough, count, 2147483647), 0))
         high = tl.min(tl.where(is_edge & (count < need), edge, high), 0)
         low = low_next
     return low.to(tl.int32)
@@ -85,22 +95,27 @@ def topk_group_max_kernel(
     # sizes and strides
     chunk_size, num_chunks, stride_scores_row,
     # meta-parameters
-    NUM_GROUPS: tl.constexpr, PREFETCH: tl.constexpr,
+    NUM_GROUPS: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
 ):
     """partial_max[row, chunk, g] = max key of group g within the chunk (KEY_NONE if none);
-    also zeroes the row's candidate counter for stage 2. PREFETCH: the full tiles double
-    buffered (not yet measured on the H200), then the tail as without."""
+    also zeroes the row's candidate counter for stage 2. The maxima are taken on the fp32
+    scores (one max per score, the keys of the maxima at the end: the key orders like the
+    float, and -0.0 / +0.0 give one key). PREFETCH: the full tiles double buffered, then the
+    tail as without; else STAGES > 1: the full tiles' loads software pipelined that many tiles
+    deep (cp.async into shared memory on NVIDIA), then the tail."""
     i_row = tl.program_id(0)
     i_chunk = tl.program_id(1)
     if i_chunk == 0:
         tl.store(counter_ptr + i_row, 0)
     length = tl.load(lengths_ptr + i_row).to(tl.int32)
     p_row = scores_ptr + i_row.to(tl.int64) * stride_scores_row
-    # chunk_size is a multiple of NUM_GROUPS, so lane g of every tile is group g.
+    # chunk_size is a multiple of NUM_GROUPS, so lane g of every tile is group g, and group g
+    # has a position in the chunk iff its first one, start + g, is before the end.
     start = i_chunk * chunk_size
     end = tl.minimum(start + chunk_size, length)
     o_g = tl.arange(0, NUM_GROUPS)
-    b_max = tl.full((NUM_GROUPS,), KEY_NONE, tl.int32)
+    is_nonempty = start + o_g < end
+    b_max = tl.full((NUM_GROUPS,), float("-inf"), tl.float32)
     if PREFETCH:
         # As topk_stream_collect_kernel: tile i + 1 loads while tile i is reduced.
         num_full = tl.maximum(end - start, 0) // NUM_GROUPS
@@ -111,16 +126,25 @@ def topk_group_max_kernel(
         for i_tile in range(0, num_full):
             i_next = tl.minimum(i_tile + 1, num_full - 1)
             x_next = tl.load(p_chunk + i_next * NUM_GROUPS + o_g)
-            b_max = tl.maximum(b_max, orderable_key(x))
+            b_max = tl.maximum(b_max, x)
             x = x_next
+        start += num_full * NUM_GROUPS
+    elif STAGES > 1:
+        num_full = tl.maximum(end - start, 0) // NUM_GROUPS
+        p_chunk = p_row + start
+        for i_tile in tl.range(0, num_full, num_stages=STAGES):
+            b_max = tl.maximum(b_max, tl.load(p_chunk + i_tile * NUM_GROUPS + o_g))
         start += num_full * NUM_GROUPS
     for tile in range(start, end, NUM_GROUPS):
         o_s = tile + o_g
         m_s = o_s < end
-        key = orderable_key(load_tile(p_row, o_s, m_s, tile + NUM_GROUPS <= end))
-        b_max = tl.maximum(b_max, tl.where(m_s, key, KEY_NONE))
+        if tile + NUM_GROUPS <= end:  # unmasked: 16-byte loads
+            b_max = tl.maximum(b_max, tl.load(p_row + o_s))
+        else:
+            b_max = tl.maximum(b_max, tl.load(p_row + o_s, mask=m_s, other=float("-inf")))
     o_partial = (i_row.to(tl.int64) * num_chunks + i_chunk) * NUM_GROUPS
-    tl.store(partial_max_ptr + o_partial + o_g, b_max)
+    tl.store(partial_max_ptr + o_partial + o_g,
+             tl.where(is_nonempty, orderable_key(b_max), KEY_NONE))
 
 
 @triton.jit
@@ -131,8 +155,11 @@ def topk_threshold_kernel(
     k, num_chunks,
     # meta-parameters
     NUM_GROUPS: tl.constexpr, WAYS: tl.constexpr, BINS: tl.constexpr, PARTS: tl.constexpr,
+    SLACK: tl.constexpr,
 ):
-    """threshold[row] = T0, the need-th largest group maximum of the row. PARTS > 1 loads
+    """threshold[row] = T0, the need-th largest group maximum of the row, or with SLACK >= 0
+    any key that between need and need + SLACK group maxima reach (fewer search rounds, at
+    most SLACK more maxima among the candidates; -1: exact). PARTS > 1 loads
     that many chunks' maxima per iteration (one load in flight per chunk was round 2's cost:
     num_chunks dependent round trips); PARTS = 1 is round 2's loop."""
     i_row = tl.program_id(0)
@@ -151,8 +178,10 @@ def topk_threshold_kernel(
             b_part = tl.load(p_partial + (i_part + o_p)[:, None] * NUM_GROUPS + o_g[None, :],
                              mask=m_p[:, None], other=KEY_NONE)
             b_max = tl.maximum(b_max, tl.max(b_part, 0))
-    tl.store(threshold_ptr + i_row, kth_largest_key(b_max, need, tl.min(b_max, 0), WAYS,
-                                                   BINS))
+    # The search starts at the smallest maximum of a nonempty group: with SLACK it may stop
+    # there, and KEY_NONE is no score (an empty row: 2^31 - 1, which no score reaches).
+    low = tl.min(tl.where(b_max != KEY_NONE, b_max, 2147483647), 0)
+    tl.store(threshold_ptr + i_row, kth_largest_key(b_max, need, low, WAYS, BINS, SLACK))
 
 
 @triton.jit
@@ -179,28 +208,29 @@ def topk_collect_kernel(
     for tile in range(start, end, BLOCK):
         o_s = tile + tl.arange(0, BLOCK)
         m_s = o_s < end
-        key = orderable_key(load_tile(p_row, o_s, m_s, tile + BLOCK <= end))
-        is_candidate = m_s & (key >= threshold)
+        x = load_tile(p_row, o_s, m_s, tile + BLOCK <= end)
+        is_candidate = m_s & (orderable_key(x) >= threshold)
         num_candidates = tl.sum(is_candidate.to(tl.int32))
         if num_candidates > 0:
             base = tl.atomic_add(p_counter, num_candidates, sem="relaxed")
             o_out = base + tl.cumsum(is_candidate.to(tl.int32), 0) - 1
             m_out = is_candidate & (o_out < candidate_capacity)
             tl.store(candidate_pos_ptr + o_row_buffer + o_out, o_s, mask=m_out)
-            tl.store(candidate_key_ptr + o_row_buffer + o_out, key, mask=m_out)
+            tl.store(candidate_key_ptr + o_row_buffer + o_out, x.to(tl.int32, bitcast=True),
+                     mask=m_out)
 
 
 @triton.jit
-def append_candidates(key, o_s, is_candidate, p_counter, p_pos, p_key, candidate_capacity):
-    """Append the (o_s, key) pairs where is_candidate to a row's buffer (p_pos, p_key): one
-    atomic add reserves room; a tile without candidates (most of them) costs nothing here."""
+def append_candidates(x, o_s, is_candidate, p_counter, p_pos, p_key, candidate_capacity):
+    """Append the (o_s, bits of the score x) pairs where is_candidate to a row's buffer
+    (p_pos, p_key): one atomic add reserves room; a tile without candidates costs nothing."""
     num_candidates = tl.sum(is_candidate.to(tl.int32), 0)
     if num_candidates > 0:
         base = tl.atomic_add(p_counter, num_candidates, sem="relaxed")
         o_out = base + tl.cumsum(is_candidate.to(tl.int32), 0) - 1
         m_out = is_candidate & (o_out < candidate_capacity)
         tl.store(p_pos + o_out, o_s, mask=m_out)
-        tl.store(p_key + o_out, key, mask=m_out)
+        tl.store(p_key + o_out, x.to(tl.int32, bitcast=True), mask=m_out)
 
 
 @triton.jit
@@ -237,17 +267,16 @@ def topk_stream_collect_kernel(
         # The last iteration reloads its own tile (in bounds, unmasked) instead of branching.
         i_next = tl.minimum(i_tile + 1, num_full - 1)
         x_next = tl.load(p_chunk + i_next * BLOCK + o_b)
-        key = orderable_key(x)
-        append_candidates(key, start + i_tile * BLOCK + o_b, key >= threshold, p_counter,
-                          p_pos, p_key, candidate_capacity)
+        append_candidates(x, start + i_tile * BLOCK + o_b, orderable_key(x) >= threshold,
+                          p_counter, p_pos, p_key, candidate_capacity)
         x = x_next
     tail = start + num_full * BLOCK
     if tail < end:
         o_s = tail + o_b
         m_s = o_s < end
-        key = orderable_key(tl.load(p_row + o_s, mask=m_s, other=0.0))
-        append_candidates(key, o_s, m_s & (key >= threshold), p_counter, p_pos, p_key,
-                          candidate_capacity)
+        x = tl.load(p_row + o_s, mask=m_s, other=0.0)
+        append_candidates(x, o_s, m_s & (orderable_key(x) >= threshold), p_counter, p_pos,
+                          p_key, candidate_capacity)
 
 
 def histogram_bins(ways: int) -> int:

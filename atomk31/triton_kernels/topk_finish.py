@@ -68,13 +68,14 @@ def collect_best_of_row(p_row, p_pos, p_key, length, need, threshold, BLOCK: tl.
     while (start < length) & (cursor < need):
         o_s = start + tl.arange(0, BLOCK)
         m_s = o_s < length
-        key = orderable_key(load_tile(p_row, o_s, m_s, start + BLOCK <= length))
+        x = load_tile(p_row, o_s, m_s, start + BLOCK <= length)
+        key = orderable_key(x)
         is_tie = m_s & (key == cut)
         tie_rank = ties_seen + tl.cumsum(is_tie.to(tl.int32), 0) - 1
         is_chosen = (m_s & (key > cut)) | (is_tie & (tie_rank < num_ties))
         o_out = cursor + tl.cumsum(is_chosen.to(tl.int32), 0) - 1
         tl.store(p_pos + o_out, o_s, mask=is_chosen)
-        tl.store(p_key + o_out, key, mask=is_chosen)
+        tl.store(p_key + o_out, x.to(tl.int32, bitcast=True), mask=is_chosen)
         cursor += tl.sum(is_chosen.to(tl.int32))
         ties_seen += tl.sum(is_tie.to(tl.int32))
         start += BLOCK
@@ -143,8 +144,8 @@ def topk_finish_kernel(
     m_c = o_c < num_candidates
     position = tl.load(candidate_pos_ptr + i_row.to(tl.int64) * CAPACITY + o_c, mask=m_c,
                        other=0)
-    key = tl.load(candidate_key_ptr + i_row.to(tl.int64) * CAPACITY + o_c, mask=m_c,
-                  other=KEY_NONE)
+    bits = tl.load(candidate_key_ptr + i_row.to(tl.int64) * CAPACITY + o_c, mask=m_c, other=0)
+    key = tl.where(m_c, orderable_key(bits.to(tl.float32, bitcast=True)), KEY_NONE)
     # This program's ranks [first, last): the candidates at or after rank `first` and
     # before rank `last`.
     first = i_slice * SLICE

@@ -63,6 +63,19 @@ CONFIGS = {
         (1, 64, 128, 8, 1, None, False, 1)],
 }
 
+# Round 3: round 2's winners with the next tile's key rows read ahead (p1) and FP16 products
+# over the FP8 latent (f16), see mla_kernel.py; launcher knobs by name.
+KNOB_VARIANTS = {
+    1: {"g1_bh128_bn64_s1_vs2_p1_f16": {"block_h": 128, "block_n": 64, "num_warps": 8,
+                                         "num_stages": 1, "value_splits": 2, "prefetch": 1,
+                                         "fp16_operands": True},
+        "g1_bh128_bn64_s1_vs2_p1": {"block_h": 128, "block_n": 64, "num_warps": 8,
+                                     "num_stages": 1, "value_splits": 2, "prefetch": 1}},
+    4: {"g4_bh32_bn64_s1_vs2_p1_f16": {"block_h": 32, "block_n": 64, "num_warps": 8,
+                                        "num_stages": 1, "value_splits": 2, "prefetch": 1,
+                                        "fp16_operands": True}},
+}
+
 
 def make_block_table(num_requests: int, context: int, device: str) -> torch.Tensor:
     """Each request owns ceil(context / BLOCK_SIZE) blocks, handed out in a shuffled order."""
@@ -121,6 +134,10 @@ def bench_case(context: int, rows_per_request: int, latent: torch.Tensor, copy_b
                                      num_splits=c[5], scores_via_memory=c[6],
                                      value_splits=c[7]))
         for c in CONFIGS[rows_per_request]}
+    variants.update({name: (lambda kw=kw: dense_mla_triton(*args, **hints,
+                                                           rows_per_request=rows_per_request,
+                                                           **kw))
+                     for name, kw in KNOB_VARIANTS[rows_per_request].items()})
     # What the engine passes: the longest position and the rows per request.
     variants["default"] = lambda: dense_mla_triton(*args, **hints,
                                                    rows_per_request=rows_per_request)

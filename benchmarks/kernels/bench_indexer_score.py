@@ -5,7 +5,9 @@ Figure: bytes moved per second (every key of every request read once, 132 B for 
 for MXFP4, plus the [64, L] fp32 scores written) against the device copy bandwidth measured
 in the same run; also FLOP/s (2 * H_I * 128 per row and causal key) against the BF16 GEMM
 rate (the fp8 tensor cores run about twice that). Peer: the op's torch implementation, at
-16K only (it is slow).
+16K only (it is slow). Times: `ms` replays the launch from a CUDA graph (what a captured
+decode step pays; no L2 flush, and the 16K cache, 35 MB, fits the H200's 50 MB L2), `eager`
+is do_bench's (launch included, L2 flushed).
 
 Errors: each variant's scores against the op's torch implementation on the CPU (the contract,
 IEEE fp32) at 16K, and against a float64 evaluation on the GPU at 128K and 1M of the queries
@@ -29,7 +31,13 @@ from atomk31.ops.indexer_score import indexer_score_torch
 from atomk31.ops.kv_write import dequantize_index_keys, quantize_index_keys
 from atomk31.triton_kernels.indexer_score import IndexerScoreConfig, indexer_score_triton
 from atomk31.triton_kernels.indexer_score_config import FP8_OPT_IN_CONFIG
-from benchmarks.common import measure_copy_bandwidth, measure_matmul_rate, time_ms, write_result
+from benchmarks.common import (
+    measure_copy_bandwidth,
+    measure_matmul_rate,
+    time_graph_ms,
+    time_ms,
+    write_result,
+)
 
 NUM_REQUESTS = 16
 ROWS_PER_REQUEST = 4  # verification rows
@@ -40,14 +48,19 @@ CONTEXTS = [16384, 131072, 1048576]
 CPU_REFERENCE_CONTEXT = 16384  # longer contexts: the float64 reference on the GPU
 KEY_BYTES = {"fp8": 132, "mxfp4": 68}
 
-# name -> (key format, config). Round 1's fastest exact tiling is the default: "bf16 n128 s4".
-# "bits" / "words": keys -> bf16 from their bits, per byte / per int32 word of 4 bytes.
-# "rN": registers capped at N a thread, for more programs a multiprocessor (n128 w8 r128: 2;
-# n64 w4 r168: 3, r128: 4), "ppsN" programs launched per multiprocessor (whole waves).
-# "epi x2": the probe that runs the epilogue (relu, weights, head sum) twice.
-# "fp8 opt-in": use_fp8_dot's configuration; "fp8 n128 s4": fp8 products without fp32 sums.
+# name -> (key format, config). "default" is the launcher's choice: for FP8 keys fp16 n64 w4
+# s6 pps2 (measured fastest in the 2026-11-29 s3 round 1), for MXFP4 keys bf16 n128 s4.
+# "fp16": e4m3 codes -> fp16 operands, one conversion instruction per two values (exact; the
+# queries' e4m3 codes too). "nN wW sS": BLOCK_N keys a tile, warps, pipeline stages; "ppsN"
+# programs launched per multiprocessor (n64 w4 fits two at a time: pps2 is one wave); "tgN":
+# pages of N tiles read at once (32: picking a tile's page stays in a warp); "full": tiles
+# before every row's position run without masks; "words": round 2's bf16 keys from int32
+# words; "rN": registers capped at N; "epi x2": the epilogue run twice (its cost);
+# "fp8 opt-in": use_fp8_dot's configuration (outside the tolerance).
 BF16 = dict(dot="bf16")
 N64_W4 = dict(dot="bf16", block_n=64, num_warps=4, num_stages=6)
+FP16 = dict(dot="fp16", tile_group=32)
+FP16_N64_W4 = dict(dot="fp16", tile_group=32, block_n=64, num_warps=4)
 VARIANTS: dict[str, tuple[str, IndexerScoreConfig | None]] = {
     "default": ("fp8", None),
     "bf16 n128 s4": ("fp8", IndexerScoreConfig(**BF16, num_stages=4)),
@@ -57,21 +70,28 @@ VARIANTS: dict[str, tuple[str, IndexerScoreConfig | None]] = {
     "bf16 words n128 s4": ("fp8", IndexerScoreConfig(**BF16, num_stages=4,
                                                      key_convert="words")),
     "bf16 n128 s4 r128": ("fp8", IndexerScoreConfig(**BF16, num_stages=4, max_registers=128)),
-    "bf16 n128 s3 r128": ("fp8", IndexerScoreConfig(**BF16, num_stages=3, max_registers=128)),
     "bf16 n64 w4 s6": ("fp8", IndexerScoreConfig(**N64_W4)),
-    "bf16 n64 w4 r168 pps3": ("fp8", IndexerScoreConfig(**N64_W4, max_registers=168,
-                                                        programs_per_sm=3)),
-    "bf16 n64 w4 r168 pps6": ("fp8", IndexerScoreConfig(**N64_W4, max_registers=168,
-                                                        programs_per_sm=6)),
-    "bf16 n64 w4 r128 pps4": ("fp8", IndexerScoreConfig(**N64_W4, max_registers=128)),
-    "bf16 n64 w4 r128 pps8": ("fp8", IndexerScoreConfig(**N64_W4, max_registers=128,
-                                                        programs_per_sm=8)),
+    "fp16 n128 s4": ("fp8", IndexerScoreConfig(**FP16, num_stages=4)),
+    "fp16 n128 s3": ("fp8", IndexerScoreConfig(**FP16, num_stages=3)),
+    "fp16 n128 s4 tg64": ("fp8", IndexerScoreConfig(**FP16 | dict(tile_group=64),
+                                                    num_stages=4)),
+    "fp16 n64 w4 s6": ("fp8", IndexerScoreConfig(**FP16_N64_W4, num_stages=6)),
+    "fp16 n64 w4 s4": ("fp8", IndexerScoreConfig(**FP16_N64_W4, num_stages=4)),
+    "fp16 n64 w4 s6 pps2": ("fp8", IndexerScoreConfig(**FP16_N64_W4, num_stages=6,
+                                                      programs_per_sm=2)),
+    "fp16 n64 w4 s4 pps2": ("fp8", IndexerScoreConfig(**FP16_N64_W4, num_stages=4,
+                                                      programs_per_sm=2)),
+    "fp16 n64 w4 s6 pps2 full": ("fp8", IndexerScoreConfig(
+        **FP16_N64_W4, num_stages=6, programs_per_sm=2, unmasked_full_tiles=True)),
+    "fp16 n64 w4 s4 pps2 full": ("fp8", IndexerScoreConfig(
+        **FP16_N64_W4, num_stages=4, programs_per_sm=2, unmasked_full_tiles=True)),
     "fp8 opt-in": ("fp8", FP8_OPT_IN_CONFIG),
     "fp8 n128 s4": ("fp8", IndexerScoreConfig(dot="fp8", num_stages=4)),
     "mxfp4 default": ("mxfp4", None),
 }
-QUICK_VARIANTS = ["default", "bf16 n128 s4 epi x2", "bf16 words n128 s4", "bf16 n128 s4 r128",
-                  "bf16 n64 w4 r168 pps3", "bf16 n64 w4 r128 pps4", "fp8 opt-in"]
+QUICK_VARIANTS = ["default", "bf16 words n128 s4", "fp16 n128 s3", "fp16 n64 w4 s4 pps2",
+                  "fp16 n64 w4 s6 pps2 full", "fp16 n64 w4 s4 pps2 full", "fp8 opt-in",
+                  "mxfp4 default"]
 
 
 def make_index_cache(num_blocks: int, index_format: str, device: str):
@@ -193,14 +213,19 @@ def bench_context(context: int, caches: dict, variants: list[str], copy_bw: floa
                 kind, reference = references[index_format]
                 entry["error_vs_" + kind] = error_summary(out, reference)
             del out
-            ms = time_ms(fn)
+            eager_ms = time_ms(fn)
+            ms = time_graph_ms(fn) if name != "torch (peer)" else eager_ms
         except Exception as error:  # one failing variant must not hide the others
             entry["failed"] = f"{type(error).__name__}: {str(error)[:300]}"
             result["variants"][name] = entry
             continue
-        entry.update(ms=ms, bandwidth_fraction=num_bytes / (ms * 1e-3) / copy_bw,
+        entry.update(ms=ms, eager_ms=eager_ms,
+                     bandwidth_fraction=num_bytes / (ms * 1e-3) / copy_bw,
                      matmul_fraction=flops / (ms * 1e-3) / matmul_rate)
         result["variants"][name] = entry
+        errors = [v["worst"] for k, v in entry.items() if k.startswith("error_vs_")]
+        print(f"  measured {context} {name}: {ms:.3f} ms, err/bound "
+              f"{errors[0] if errors else float('nan'):.3f}", flush=True)
     peer = result["variants"].get("torch (peer)", {}).get("ms")
     if peer:
         for entry in result["variants"].values():
@@ -211,7 +236,7 @@ def bench_context(context: int, caches: dict, variants: list[str], copy_bw: floa
 
 def print_table(results: list[dict], copy_bw: float, matmul_rate: float) -> None:
     print(f"copy {copy_bw / 1e12:.2f} TB/s, bf16 GEMM {matmul_rate / 1e12:.0f} TFLOP/s")
-    print(f"{'context':>8} {'variant':<24} {'ms':>8} {'of BW':>6} {'of GEMM':>8} "
+    print(f"{'context':>8} {'variant':<24} {'ms':>8} {'eager':>8} {'of BW':>6} {'of GEMM':>8} "
           f"{'x torch':>8} {'err/bound':>10}")
     for r in results:
         print(f"{r['context']:>8} query codes torch's GPU quantizer gets wrong: "
@@ -223,7 +248,8 @@ def print_table(results: list[dict], copy_bw: float, matmul_rate: float) -> None
             errors = [v for k, v in e.items() if k.startswith("error_vs_")]
             worst = f"{errors[0]['worst']:10.3f}" if errors else f"{'-':>10}"
             speedup = f"{e['speedup_vs_torch']:8.1f}" if "speedup_vs_torch" in e else f"{'-':>8}"
-            print(f"{r['context']:>8} {name:<24} {e['ms']:8.3f} {e['bandwidth_fraction']:6.1%} "
+            print(f"{r['context']:>8} {name:<24} {e['ms']:8.3f} {e['eager_ms']:8.3f} "
+                  f"{e['bandwidth_fraction']:6.1%} "
                   f"{e['matmul_fraction']:8.1%} {speedup} {worst}")
 
 

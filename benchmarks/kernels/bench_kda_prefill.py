@@ -1,18 +1,18 @@
 """KDA chunked prefill: atomk31's Triton kernel (design variants) vs flash-linear-attention's
-chunk_kda, with the time of each of our stages.
+chunk_kda, with the time of each GPU kernel of both.
 
 H = 96 heads, K = V = 128, BF16 q/k/v, fp32 g (K3.1's gate, floor -5) and beta, fp32 initial
-and final states, both kernels l2-normalising q and k themselves. Cases: one sequence of 8K
-and 32K tokens, and 4 sequences of 8K (--quick); --full adds one sequence of 64K.
+and final states, both kernels l2-normalising q and k themselves. Cases: a small check case
+(two requests, 2K tokens: every variant and fla against the torch op, fp32 on the same BF16
+inputs, as max-abs error over max-abs value; every kernel compiles here), then one sequence
+of 8K tokens, 4 sequences of 8K and one of 32K (--quick); --full adds one sequence of 64K.
 
-Per case and variant: milliseconds, tokens/s, the ratio to fla measured side by side, and
-the fraction of the measured limits: the fewest bytes (inputs read once, o and the state
-written once) over the copy bandwidth, and the chunked form's matrix FLOPs over the BF16
-matrix rate. Correctness: on the 8K case every variant's o and final state are compared with
-the torch op (fp32, on the same BF16 inputs), as the max-abs error over the max-abs value.
-Stage times: stage 1 of every variant ("1a": the scores + solve kernel of the two-kernel
-ones, whose "1" is both kernels; on the other cases the first two variants only), stages 2
-(state) and 3 (output) of the default.
+Per case and variant, printed as soon as measured: milliseconds (eager, L2 flushed: every call
+is milliseconds long, so launch overhead is small), Mtokens/s, the ratio to fla measured side by
+side, the fraction of the measured limits (the fewest bytes over the copy bandwidth, the chunked
+form's matrix FLOPs over the BF16 matrix rate), and o's error against fla's. On 1x8K, the
+per-kernel breakdown (torch.profiler) of BREAKDOWN_VARIANTS and of fla. ``--budget-s`` (80 with
+--quick) skips what would start after that many seconds, so the run always reports.
 
 Run: python -m benchmarks.kernels.bench_kda_prefill --quick [--out DIR]
 """
@@ -20,7 +20,10 @@ Run: python -m benchmarks.kernels.bench_kda_prefill --quick [--out DIR]
 from __future__ import annotations
 
 import argparse
+import time
+from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -28,25 +31,34 @@ import torch
 from benchmarks.common import measure_copy_bandwidth, measure_matmul_rate, time_ms, write_result
 
 HEADS, HEAD_DIM, CHUNK = 96, 128, 64
-CHECK_CASE = "1x8K"
+CHECK_CASE = "check"
+CHECK_LENGTHS = [1500, 548]
 CHECK_TOLERANCE = 1e-2      # as the GPU test of BF16 inputs: BF16 intermediates and output
 
 
 def variants() -> dict[str, object]:
-    """Design variants of stage 1 (the others stay at the launchers' defaults: output in the
-    chunk-parallel stage 3, BF16 products in stages 2-3, 64 value channels per stage-2 program):
-    round 1's single kernel (the default), and the two-kernel split (scores + solve, then gated
-    rows + w/u) with its slice widths and warps."""
+    """Design variants of stage 1: the default two kernels with [16, 16] score tiles
+    ("tiles"); the column-block scores kernel ("cols": one program per chunk and head,
+    [64, 16] products) before the same gated kernel; and the column-block kernel with the
+    gated rows and w, u fused in ("fused": q, k, g read again from L2, not HBM). Knobs: slice
+    width (bk), warps (w), the fused gated block (g), BF16 score products (bf16), 16-bit aqk
+    and inverse (compact). Stages 2 and 3 at the launchers' defaults. The GPU test covers
+    each of them (tests/triton_kernels/test_kda_prefill.py, GPU_CASES)."""
     from atomk31.triton_kernels.kda_prefill_tuning import KdaPrefillTuning as T
 
+    cols = T(intra_split=True, scores_columns=True, compact_scores=True)
+    fused = T(scores_columns=True, fuse_gated=True, compact_scores=True, gated_block=32)
     return {
-        "1-kernel bv64 (fp32 default)": T(),
-        "2-kernel bk32 w4": T(intra_split=True),
-        "2k scores bk16 w4": T(intra_split=True, scores_block_k=16),
-        "2k scores bk16 w2 (bf16 default)": T(intra_split=True, scores_block_k=16, scores_num_warps=2),
-        "2k scores bk32 w2": T(intra_split=True, scores_num_warps=2),
-        "2k gated w8": T(intra_split=True, gated_num_warps=8),
+        "tiles bk16 w2 (default)": T(intra_split=True, scores_block_k=16, scores_num_warps=2),
+        "cols bk32 w4 compact": cols,
+        "cols bk16 w4 bf16 compact": replace(cols, scores_block_k=16, scores_bf16=True),
+        "fused bk32 w8 g32 compact": replace(fused, scores_num_warps=8),
+        "fused bk16 w4 g32 compact": replace(fused, scores_block_k=16),
     }
+
+
+BREAKDOWN_CASE = "1x8K"
+BREAKDOWN_VARIANTS = ("tiles bk16 w2 (default)", "fused bk32 w8 g32 compact")
 
 
 def make_inputs(lengths: list[int], device: str = "cuda") -> dict[str, torch.Tensor]:
@@ -86,52 +98,29 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual.float() - expected).abs().max() / expected.abs().max())
 
 
-def stage_times(x: dict[str, torch.Tensor], scale: float,
-                every_variant: bool) -> dict[str, float]:
-    """Milliseconds of stage 1 of every variant (or of the first two: round 1's default and
-    the two-kernel one), of the scores + solve kernel of the two-kernel ones, then of stages
-    2 and 3 of the default; all launched as kda_prefill_triton does."""
-    from atomk31.triton_kernels.kda_prefill import plan_chunks, run_intra
-    from atomk31.triton_kernels.kda_prefill_output import kda_prefill_output
-    from atomk31.triton_kernels.kda_prefill_scores import kda_prefill_scores
-    from atomk31.triton_kernels.kda_prefill_state import kda_prefill_state
-    from atomk31.triton_kernels.kda_prefill_tuning import KdaPrefillTuning
+def kernel_breakdown(fn: Callable[[], object], calls: int = 3) -> dict[str, float]:
+    """Milliseconds per call of each GPU kernel that ``fn`` launches (torch.profiler, summed
+    by kernel name over ``calls`` calls, after one warm-up call); the L2 is not flushed."""
+    from torch.profiler import ProfilerActivity, profile
 
-    plan = plan_chunks(x["cu_seqlens"].tolist(), [])
-    device = x["q"].device
-    table = {name: torch.tensor(values, dtype=torch.int32, device=device)
-             for name, values in plan.items() if name != "copies"}
-    inputs = (x["q"], x["k"], x["v"], x["g"], x["beta"], table["chunk_start"],
-              table["chunk_len"], scale, torch.bfloat16)
-    times: dict[str, float] = {}
-    scores_timed = set()
-    for name, tuning in list(variants().items())[:None if every_variant else 2]:
-        times[f"1 {name}"] = time_ms(lambda tuning=tuning: run_intra(*inputs, tuning))
-        scores_config = (tuning.scores_block_k, tuning.scores_num_warps)
-        if tuning.intra_split and scores_config not in scores_timed:
-            scores_timed.add(scores_config)
-            times[f"1a {name}"] = time_ms(lambda tuning=tuning: kda_prefill_scores(
-                x["q"], x["k"], x["g"], x["beta"], table["chunk_start"], table["chunk_len"],
-                scale, tuning.scores_block_k, tuning.scores_num_warps))
-    tuning = KdaPrefillTuning()
-    stage1 = run_intra(*inputs, tuning)
-    o = torch.empty_like(x["v"])
-    snapshots = torch.empty(1, HEADS, HEAD_DIM, HEAD_DIM, device=device)
-
-    def state() -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
-        return kda_prefill_state(stage1, x["state"], o, snapshots, table["chunk_start"],
-                                 table["chunk_len"], table["chunk_snapshot"],
-                                 table["request_chunks"], tuning)
-
-    _, stage2 = state()
-    times["2 state"] = time_ms(state)
-    times["3 output"] = time_ms(lambda: kda_prefill_output(
-        stage1, stage2, o, table["chunk_start"], table["chunk_len"], tuning.bf16_products,
-        tuning.output_block_v))
-    return times
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name[:48]] += event.device_time_total / 1e3 / calls
+    if not totals:  # kernels not listed as events: the per-name averages, device time > 0
+        for entry in prof.key_averages():
+            if entry.self_device_time_total > 0:
+                totals[entry.key[:48]] += entry.self_device_time_total / 1e3 / calls
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
-def run(cases: dict[str, list[int]], out_dir: Path | None) -> dict:
+def run(cases: dict[str, list[int]], out_dir: Path | None, budget_s: float | None) -> dict:
     from atomk31.ops.kda_prefill import kda_prefill_torch
     from atomk31.triton_kernels.kda_prefill import kda_prefill_triton
 
@@ -139,7 +128,14 @@ def run(cases: dict[str, list[int]], out_dir: Path | None) -> dict:
         from fla.ops.kda import chunk_kda
     except ImportError:
         chunk_kda = None
+    started = time.monotonic()
+
+    def over_budget() -> bool:
+        return budget_s is not None and time.monotonic() - started > budget_s
+
     copy_bw, matmul_rate = measure_copy_bandwidth(), measure_matmul_rate()
+    print(f"copy {copy_bw / 1e12:.2f} TB/s, bf16 GEMM {matmul_rate / 1e12:.0f} TFLOP/s", flush=True)
+    print(HEADER, flush=True)
     scale = HEAD_DIM ** -0.5
     rows = []
     for case, lengths in cases.items():
@@ -151,6 +147,8 @@ def run(cases: dict[str, list[int]], out_dir: Path | None) -> dict:
             expected = kda_prefill_torch(x["q"].float(), x["k"].float(), x["v"].float(),
                                          *args[3:])
         row: dict = {"case": case, "tokens": num_tokens, "requests": len(lengths)}
+        # Ours first, fla last (its first call on a shape autotunes): ours report even if
+        # the budget runs out there; o vs fla and the speed-ups follow in the case's summary.
         timed: dict[str, Callable[[], object]] = {}
         for name, tuning in variants().items():
             timed[name] = (lambda tuning=tuning: kda_prefill_triton(*args, tuning=tuning))
@@ -160,78 +158,110 @@ def run(cases: dict[str, list[int]], out_dir: Path | None) -> dict:
                 x["q"][None], x["k"][None], x["v"][None], x["g"][None], x["beta"][None],
                 scale=scale, initial_state=x["state"], output_final_state=True,
                 use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+        outputs: dict[str, torch.Tensor] = {}
         for name, fn in timed.items():
+            if over_budget():
+                row[name] = "skipped: over the time budget"
+                print_entry(case, name, row[name])
+                continue
             try:
                 result = fn()
                 ms = time_ms(fn)
             except Exception as error:  # a variant that does not compile is reported, not fatal
                 row[name] = f"failed: {type(error).__name__}: {str(error)[:300]}"
+                print_entry(case, name, row[name])
                 continue
             entry = {"ms": ms, "tokens_per_s": num_tokens / ms * 1e3,
                      "fraction_of_copy_bw":
                          minimal_bytes(num_tokens, len(lengths)) / (ms * 1e-3) / copy_bw,
                      "fraction_of_matmul_rate":
                          chunked_flops(num_tokens) / (ms * 1e-3) / matmul_rate}
+            o, final_state = (result[0][0], result[1]) if name.startswith("fla") \
+                else result[:2]
+            outputs[name] = o
             if expected is not None:
-                o, final_state = (result[0][0], result[1]) if name.startswith("fla") \
-                    else result[:2]
                 entry["o_error"] = relative_error(o, expected[0])
                 entry["state_error"] = relative_error(final_state, expected[1])
                 entry["correct"] = max(entry["o_error"], entry["state_error"]) < CHECK_TOLERANCE
             row[name] = entry
-        fla = row.get("fla chunk_kda")
-        if isinstance(fla, dict):
-            for name in variants():
-                if isinstance(row.get(name), dict):
-                    row[name]["speedup_vs_fla"] = fla["ms"] / row[name]["ms"]
-        try:
-            row["stages_ms"] = stage_times(x, scale, every_variant=case == CHECK_CASE)
-        except Exception as error:  # reported, not fatal
-            row["stages_ms"] = f"failed: {type(error).__name__}: {str(error)[:300]}"
+            print_entry(case, name, entry)
+            del result, o, final_state
+        summarize_against_fla(case, row, outputs)
+        if case == BREAKDOWN_CASE:
+            row["kernels_ms"] = {}
+            for name in BREAKDOWN_VARIANTS + ("fla chunk_kda",):
+                if name not in timed or over_budget():
+                    continue
+                try:
+                    row["kernels_ms"][name] = kernel_breakdown(timed[name])
+                except Exception as error:  # reported, not fatal
+                    row["kernels_ms"][name] = f"failed: {type(error).__name__}: {str(error)[:200]}"
+                print_breakdown(case, name, row["kernels_ms"][name])
         rows.append(row)
-        del x, expected
+        del x, expected, outputs
         torch.cuda.empty_cache()
     payload = {"copy_bandwidth_bytes_per_s": copy_bw, "matmul_flops_per_s": matmul_rate,
                "heads": HEADS, "head_dim": HEAD_DIM, "rows": rows}
     path = write_result("kda_prefill", payload, out_dir)
-    print(f"wrote {path}")
-    print_table(rows)
+    print(f"wrote {path} after {time.monotonic() - started:.0f} s", flush=True)
     return payload
 
 
-def print_table(rows: list[dict]) -> None:
-    print(f"{'case':>6} {'variant':>30} {'ms':>7} {'Mtok/s':>7} {'vs fla':>6} {'copyBW':>6} "
-          f"{'MMA':>6} {'o err':>8} {'S err':>8}")
-    for row in rows:
-        for name, value in row.items():
-            if name in ("case", "tokens", "requests"):
-                continue
-            if name == "stages_ms":
-                if isinstance(value, str):
-                    print(f"{row['case']:>6} {'stages (ms)':>30} {value}")
-                    continue
-                for stage, ms in value.items():
-                    print(f"{row['case']:>6} {'stage ' + stage:>30} {ms:7.3f}")
-            elif isinstance(value, dict):
-                errors = (f"{value['o_error']:8.1e} {value['state_error']:8.1e} "
-                          f"{'ok' if value['correct'] else 'FAIL'}" if "o_error" in value else "")
-                print(f"{row['case']:>6} {name:>30} {value['ms']:7.3f} "
-                      f"{value['tokens_per_s'] / 1e6:7.3f} "
-                      f"{value.get('speedup_vs_fla', 1.0):6.3f} "
-                      f"{value['fraction_of_copy_bw']:6.3f} "
-                      f"{value['fraction_of_matmul_rate']:6.3f} {errors}")
-            else:
-                print(f"{row['case']:>6} {name:>30} {value}")
+HEADER = (f"{'case':>6} {'variant':>26} {'ms':>7} {'Mtok/s':>7} {'copyBW':>6} {'MMA':>6} "
+          f"{'o err':>8} {'S err':>8}")
+
+
+def print_entry(case: str, name: str, value: dict | str) -> None:
+    """One measured variant (or why it was not): ms, Mtokens/s, fractions of the copy
+    bandwidth and the BF16 matrix rate, error vs the torch op (o, state; check case) with its
+    verdict."""
+    if not isinstance(value, dict):
+        print(f"{case:>6} {name:>26} {value}", flush=True)
+        return
+    errors = (f"{value['o_error']:8.1e} {value['state_error']:8.1e} "
+              f"{'ok' if value['correct'] else 'FAIL'}" if "o_error" in value else "")
+    print(f"{case:>6} {name:>26} {value['ms']:7.3f} {value['tokens_per_s'] / 1e6:7.3f} "
+          f"{value['fraction_of_copy_bw']:6.3f} {value['fraction_of_matmul_rate']:6.3f} "
+          f"{errors}", flush=True)
+
+
+def summarize_against_fla(case: str, row: dict, outputs: dict[str, torch.Tensor]) -> None:
+    """Adds and prints each variant's speed-up over fla and its o's error against fla's."""
+    fla = row.get("fla chunk_kda")
+    if not isinstance(fla, dict) or "fla chunk_kda" not in outputs:
+        return
+    parts = []
+    for name in variants():
+        entry = row.get(name)
+        if isinstance(entry, dict):
+            entry["speedup_vs_fla"] = fla["ms"] / entry["ms"]
+            entry["o_error_vs_fla"] = relative_error(outputs[name],
+                                                     outputs["fla chunk_kda"].float())
+            parts.append(f"{name} x{entry['speedup_vs_fla']:.3f} "
+                         f"(o vs fla {entry['o_error_vs_fla']:.1e})")
+    print(f"{case:>6} vs fla {fla['ms']:.3f} ms: " + "; ".join(parts), flush=True)
+
+
+def print_breakdown(case: str, name: str, kernels: dict[str, float] | str) -> None:
+    if isinstance(kernels, str):
+        print(f"{case:>6} kernels of {name}: {kernels}", flush=True)
+        return
+    parts = "  ".join(f"{kernel} {ms:.3f}" for kernel, ms in list(kernels.items())[:9])
+    print(f"{case:>6} kernels of {name} (sum {sum(kernels.values()):.3f} ms): {parts}",
+          flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1x8K, 1x32K and 4x8K only")
+    parser.add_argument("--quick", action="store_true",
+                        help="the check case, 1x8K, 4x8K and 1x32K only")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="skip what would start after this many seconds (80 with --quick)")
     parser.add_argument("--out", type=Path, default=None, help="directory for the JSON result")
     parser.add_argument("--cases", nargs="+", default=None,
                         help="run only these cases (names as printed, e.g. 1x8K)")
     args = parser.parse_args()
-    cases = {CHECK_CASE: [8192], "1x32K": [32768], "4x8K": [8192] * 4}
+    cases = {CHECK_CASE: CHECK_LENGTHS, "1x8K": [8192], "4x8K": [8192] * 4, "1x32K": [32768]}
     if not args.quick:
         cases["1x64K"] = [65536]
     if args.cases:
@@ -239,7 +269,8 @@ def main() -> None:
         if unknown:
             parser.error(f"unknown cases {unknown}; choose from {sorted(cases)}")
         cases = {name: lengths for name, lengths in cases.items() if name in args.cases}
-    run(cases, args.out)
+    budget_s = args.budget_s if args.budget_s is not None else (80.0 if args.quick else None)
+    run(cases, args.out, budget_s)
 
 
 if __name__ == "__main__":

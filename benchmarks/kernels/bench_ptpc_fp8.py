@@ -1,28 +1,36 @@
-"""PTPC-FP8 scaled GEMM: atomk31's Triton kernel vs torch._scaled_mm with row-wise scales, on
+"""PTPC-FP8 scaled GEMM: atomk31's Triton kernels vs torch._scaled_mm with row-wise scales, on
 the proxy model's linear shapes; and the time to quantize the proxy's BF16 linears at load.
 
 Both GEMMs take the same FP8 activations (one scale per token) and FP8 weights (one scale per
-output channel) and write BF16. Per case the launcher's default and a few variants (tiles,
-split K, FP8 promotion interval and form, warp specialization) are timed side by side.
-Figures: time, ratio to the peer (peer time / ours), the fraction of the measured limits (bytes
-A + B read and C written over the copy bandwidth; FLOPs over the BF16 matrix rate, FP8's own
-peak being about twice that), and the error against fp32 math of the same quantized values
-(max-abs error over max-abs output, fp32 outputs) of ours and of torch._scaled_mm.
+output channel) and write BF16. Per case the peer, the launcher's default and a few variants
+(pointer or TMA kernel, tiles, warp specialization, persistence) are checked, then timed, and
+each row is printed as soon as it is measured. Checks against fp32 math of the same quantized
+values (max-abs error over max-abs output): the bf16 output ("ok" within
+BF16_OUTPUT_TOLERANCE), and where asked the fp32 output (the accumulation error; it must match
+torch._scaled_mm's on the same inputs: 1.3-1.6e-4 with promotion every 128 K, ~1e-2 without).
+Times: CUDA-graph replay (what the engine pays once it captures decode; no launch overhead)
+and eager (triton's do_bench, L2 flushed); the ratio to the peer uses the graph times. Limits
+measured in the same run: copy bandwidth (bytes A + B read and C written) and the FP8 matrix
+rate (an 8192^3 torch._scaled_mm with row-wise scales).
 
-Run: python -m benchmarks.kernels.bench_ptpc_fp8 [--quick] [--warp-specialized] [--out DIR]
+Run: python -m benchmarks.kernels.bench_ptpc_fp8 [--quick] [--out DIR]
+(--quick: the cases of QUICK_CASES in priority order, within QUICK_TIME_BUDGET_S.)
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import signal
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from benchmarks.common import measure_copy_bandwidth, measure_matmul_rate, time_ms, write_result
+from benchmarks.common import measure_copy_bandwidth, time_graph_ms, time_ms, write_result
 
 # (N, K) of the proxy's PTPC-eligible linears (MODEL_SPEC §3.2, §6.5).
 SHAPES = {
@@ -35,85 +43,65 @@ SHAPES = {
     "mla kv_b": (24576, 512),
 }
 TOKENS = [1, 16, 128, 1024, 4096]
+# --quick, most telling first: the large-M cases where the TMA kernel may replace the default,
+# then decode. About one compile (1-3 s) per new kernel config and output dtype.
+QUICK_CASES = [("o_proj", 4096), ("o_proj", 1024), ("mla kv_b", 4096), ("mla kv_a", 4096),
+               ("o_proj", 128), ("o_proj", 1), ("mla kv_a", 1), ("o_proj", 16),
+               ("mla kv_a", 128), ("mla kv_b", 1024), ("mla kv_a", 1024), ("mla kv_b", 1)]
+# No new variant starts after this many seconds of --quick (the final H200 call allows 100).
+QUICK_TIME_BUDGET_S = 75.0
 # A variant is correct when its bf16 output is within this of fp32 math (max-abs error over
 # max-abs output): bf16 rounding gives up to 2^-8 (half an ulp), a wrong tile or split O(1).
 BF16_OUTPUT_TOLERANCE = 1e-2
+# Timing: graph replays of GRAPH_REP_MS (x10 measurements), eager do_bench warmup / rep (ms).
+GRAPH_REP_MS = 20
+EAGER_WARMUP_MS, EAGER_REP_MS = 5, 25
 
 
 @dataclass(frozen=True)
 class Variant:
-    """One timed GEMM: a config (None: the launcher's default, or a change to it) and whether
-    to measure its fp32-output accumulation error (one more compile)."""
+    """One timed GEMM: a config, or a function of (default config, M, N, K) giving one (None:
+    the launcher's default), and whether to measure its fp32-output accumulation error (one
+    more compile)."""
 
     label: str
-    config: object = None              # GemmConfig, or a callable default -> GemmConfig
+    config: object = None
     measure_error: bool = False
 
 
-def change(**fields):
-    """A variant config: the launcher's default with some fields replaced."""
-    return lambda default: dataclasses.replace(default, **fields)
+def tma_config(**fields) -> Callable:
+    """A variant of the Hopper TMA config (HOPPER_TMA_CONFIG: warp-specialized 128x128x128
+    tiles, 4 warps = one producer and two consumer warpgroups, promotion per K tile)."""
+    def config(default, m, n, k):
+        from atomk31.triton_kernels.ptpc_fp8_config import HOPPER_TMA_CONFIG
 
-
-# Triton's automatic warp specialization of the K loop (a producer partition feeding the
-# wgmma warpgroups). Apart (--warp-specialized): a new compiler path on sm_90 that might
-# fail or hang, so it runs only when asked, under its own timeout.
-WARP_SPECIALIZED_CASES = [("o_proj", 4096), ("mla kv_b", 4096)]
-WARP_SPECIALIZED_VARIANTS = [
-    Variant("warp specialized", change(warp_specialize=True), measure_error=True),
-    Variant("ws promote per tile", change(warp_specialize=True, promote_per_tile=True)),
-]
+        return dataclasses.replace(HOPPER_TMA_CONFIG, **fields)
+    return config
 
 
 def variants_for(name: str, m: int) -> list[Variant]:
-    """The variants compared at (shape, M) besides the default (round 2: the round-1 winners
-    are the defaults; these are the new candidates, plus "no promotion" as the speed bound)."""
+    """The variants timed beside the default at (shape, M). "tma ws 128x128" is exactly
+    HOPPER_TMA_CONFIG (the config pick_config uses from HOPPER_TMA_MIN_M tokens up, where
+    its tiles cover the SMs)."""
     from atomk31.triton_kernels.ptpc_fp8 import GemmConfig
 
-    # promotion as an explicit fp32 add of each 128-K tile's product
-    per_tile = Variant("promote per tile", change(promote_per_tile=True), measure_error=True)
-    # 64x128 tiles, one warpgroup, 3 stages: 3 CTAs fit an SM (72 KiB, ~170 registers), so
-    # one CTA's promotion wait or epilogue overlaps another's wgmma; more tiles per wave
-    small_tiles = Variant("64x128 w4 s3", GemmConfig(64, 128, 128, num_stages=3))
-    small_tiles_per_tile = Variant("64x128 s3 per tile", GemmConfig(
-        64, 128, 128, num_stages=3, promote_per_tile=True), measure_error=True)
-    no_promotion = Variant("no promotion", change(promote_every=None), measure_error=True)
-    table = {
-        ("o_proj", 128): [Variant("64x128 w8", GemmConfig(64, 128, 128, num_warps=8)),
-                          Variant("64x128x256 w8 s3", GemmConfig(64, 128, 256, num_warps=8,
-                                                                 num_stages=3)),
-                          per_tile],
-        ("o_proj", 4096): [per_tile,
-                           Variant("128x128 s3", change(num_stages=3)),
-                           Variant("128x128x256 s3", GemmConfig(128, 128, 256, num_warps=8,
-                                                                num_stages=3),
-                                   measure_error=True),
-                           Variant("128x128 group16", change(group_m=16)),
-                           small_tiles, small_tiles_per_tile, no_promotion],
-        # N = 12288: 192 tiles of 64 columns are 1.45 waves of 132 SMs
-        ("shared gate_up", 1): [Variant("16x32x256", GemmConfig(16, 32, 256)),
-                                Variant("16x64x256 split2", GemmConfig(16, 64, 256, 2)),
-                                Variant("16x128x256 split2", GemmConfig(16, 128, 256, 2))],
-        # 52 us for 4 MB in round 1: no split (one launch, no atomics) vs more programs
-        ("mla kv_a", 1): [Variant("16x64x256 no split", GemmConfig(16, 64, 256)),
-                          Variant("16x32x256 split7", GemmConfig(16, 32, 256, 7)),
-                          Variant("16x64x512 split7 s2", GemmConfig(16, 64, 512, 7,
-                                                                    num_stages=2))],
-        ("mla kv_a", 1024): [Variant("64x128 w4 s3 split3",
-                                     GemmConfig(64, 128, 128, 3, num_stages=3))],
-        # N = 576: 160 tiles of 128x128 are 1.2 waves; 320 of 64x128 fit at once
-        ("mla kv_a", 4096): [small_tiles, small_tiles_per_tile, per_tile],
-        # K = 512: four K tiles per output tile, the epilogue (201 MB of bf16) dominates
-        ("mla kv_b", 4096): [small_tiles, small_tiles_per_tile,
-                             Variant("64x128 w4 s2", GemmConfig(64, 128, 128, num_stages=2)),
-                             per_tile, no_promotion],
-    }
-    return table.get((name, m), [])
-
-
-QUICK_CASES = [("o_proj", 1), ("o_proj", 128), ("o_proj", 4096), ("shared gate_up", 1),
-               ("mla q_b", 1), ("mla kv_a", 1), ("mla kv_a", 128), ("mla kv_a", 1024),
-               ("mla kv_a", 4096), ("mla kv_b", 4096)]
+    n = SHAPES[name][0]
+    tile = Variant("tma ws 128x128", tma_config(), measure_error=True)
+    # one program per SM walking the tiles: the producer loads the next tile during the
+    # consumers' epilogue (kv_b: 4 K steps per tile)
+    persistent = Variant("tma ws 128x128 persist", tma_config(persistent=True))
+    # 128x256 tiles as two 128x128 accumulators (2 x 64 + 64 registers per consumer thread):
+    # a quarter less L2 -> SMEM traffic per FLOP
+    wide = Variant("tma ws 128x256 splitN", tma_config(block_n=256, num_stages=3, split_n=True),
+                   measure_error=True)
+    if m >= 1024:
+        tiles = ((m + 127) // 128) * ((n + 127) // 128)    # HOPPER_TMA_MIN_M rule
+        return [tile, wide, persistent] if tiles >= 132 else []
+    if m == 128 and name == "o_proj":    # 112 programs of 128x64 (56 of 128x128)
+        return [Variant("tma ws 128x64 s6", tma_config(block_n=64, num_stages=6))]
+    if m == 1 and name == "mla kv_a":    # the default has 9 programs of 64 columns
+        return [Variant("16x32x256", GemmConfig(16, 32, 256))]
+    return []
 
 
 def relative_error(y: torch.Tensor, expected: torch.Tensor) -> float:
@@ -128,11 +116,62 @@ def scaled_mm_fp32(x_q, x_scale, w_q, w_scale) -> torch.Tensor:
     return y * x_scale[:, None] * w_scale[None, :]
 
 
-def run_case(name: str, m: int, w_q, w_scale, limits: dict,
-             variants: list[Variant]) -> dict:
-    """Time the default, the variants and the peer at one (shape, M); errors vs fp32 math."""
-    from atomk31.triton_kernels.ptpc_fp8 import (pick_config, ptpc_linear_quantized_triton,
-                                                 ptpc_quantize_triton)
+def measure_fp8_matmul_rate(n: int = 8192) -> float:
+    """FLOP/s of an n x n x n torch._scaled_mm (FP8 e4m3, row-wise scales, bf16 out): the FP8
+    matrix roofline of this GPU and cuBLASLt."""
+    a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
+    scale_a = torch.ones(n, 1, device="cuda")
+    scale_b = torch.ones(1, n, device="cuda")
+    ms = time_ms(lambda: torch._scaled_mm(a, b.t(), scale_a=scale_a, scale_b=scale_b,
+                                          out_dtype=torch.bfloat16))
+    return 2 * n**3 / (ms * 1e-3)
+
+
+def time_both(fn: Callable) -> tuple[float, float]:
+    """(graph ms, eager ms) of fn."""
+    return (time_graph_ms(fn, rep=GRAPH_REP_MS),
+            time_ms(fn, warmup=EAGER_WARMUP_MS, rep=EAGER_REP_MS))
+
+
+def config_brief(config: dict) -> str:
+    """128x128x128 w4 s4 +tma+ws+tile...: the fields a row's config differs in."""
+    flags = {"tma": "tma", "warp_specialize": "ws", "promote_per_tile": "tile",
+             "split_n": "splitN", "persistent": "persist", "dot_bf16": "bf16"}
+    text = f"{config['block_m']}x{config['block_n']}x{config['block_k']} " \
+           f"w{config['num_warps']} s{config['num_stages']}"
+    if config["split_k"] > 1:
+        text += f" splitK{config['split_k']}"
+    return text + "".join(f" {short}" for key, short in flags.items() if config.get(key))
+
+
+HEADER = (f"{'shape':>8} {'M':>5} {'variant':>24} {'graph':>7} {'eager':>7} {'ratio':>5} "
+          f"{'r eag':>5} {'bw':>4} {'fp8':>4} {'error':>8} {'bf16 err':>8} ok config")
+
+
+def print_row(name: str, m: int, label: str, result: dict) -> None:
+    """One table row, flushed (a run cut short by its timeout still shows what it measured)."""
+    shape = name.replace("mla ", "")[:8]
+    if "graph_ms" not in result:
+        note = result.get("failed") or f"same config as {result.get('same_as')}"
+        print(f"{shape:>8} {m:>5} {label[:24]:>24} {note[:90]}", flush=True)
+        return
+    error = f"{result['error']:8.2e}" if result.get("error") is not None else f"{'-':>8}"
+    ratio = f"{result['ratio_vs_peer']:5.2f} {result['eager_ratio_vs_peer']:5.2f}" \
+        if "ratio_vs_peer" in result else f"{'peer':>5} {'':>5}"
+    brief = config_brief(result["config"]) if result.get("config") else ""
+    print(f"{shape:>8} {m:>5} {label[:24]:>24} {result['graph_ms']:7.4f} "
+          f"{result['eager_ms']:7.4f} {ratio} {result['fraction_of_copy_bw']:4.2f} "
+          f"{result['fraction_of_fp8_matmul_rate']:4.2f} {error} "
+          f"{result.get('bf16_output_error', float('nan')):8.2e} "
+          f"{'ok' if result.get('correct', True) else 'WRONG'} {brief}", flush=True)
+
+
+def run_case(name: str, m: int, w_q, w_scale, limits: dict, variants: list[Variant],
+             deadline: float) -> dict:
+    """Time the peer, then check and time the default and the variants at one (shape, M)
+    (no new variant after ``deadline``, a time.perf_counter() value)."""
+    from atomk31.triton_kernels.ptpc_fp8 import pick_config, ptpc_quantize_triton
 
     n, k = w_q.shape
     x_q, x_scale = ptpc_quantize_triton(torch.randn(m, k, device=w_q.device,
@@ -140,42 +179,59 @@ def run_case(name: str, m: int, w_q, w_scale, limits: dict,
     expected = (x_q.float() @ w_q.float().T) * x_scale[:, None] * w_scale[None, :]
     default = pick_config(m, n, k)
     moved, flops = m * k + n * k + 2 * m * n, 2 * m * n * k
-    row = {"shape": name, "m": m, "n": n, "k": k, "default_config": dataclasses.asdict(default),
-           "variants": {}}
-    for variant in [Variant("default", measure_error=True), *variants]:
-        config = variant.config(default) if callable(variant.config) else \
-            (variant.config or default)
 
-        def gemm(out_dtype=torch.bfloat16):
-            return ptpc_linear_quantized_triton(x_q, x_scale, w_q, w_scale, out_dtype, config)
-        try:
-            ms = time_ms(gemm)
-            # every variant: its bf16 output against fp32 math (bf16 rounding is 2^-8 of an
-            # element); the fp32 output, for the accumulation error, where asked (a compile)
-            bf16_error = relative_error(gemm(), expected)
-            error = relative_error(gemm(torch.float32), expected) if variant.measure_error \
-                else None
-        except Exception as failure:  # a variant that does not compile is a result, not a stop
-            row["variants"][variant.label] = {"failed": f"{type(failure).__name__}: "
-                                                        f"{str(failure)[:200]}"}
-            continue
-        row["variants"][variant.label] = {
-            "ms": ms, "config": dataclasses.asdict(config), "error": error,
-            "bf16_output_error": bf16_error, "correct": bf16_error <= BF16_OUTPUT_TOLERANCE,
-            "fraction_of_copy_bw": moved / (ms * 1e-3) / limits["copy"],
-            "fraction_of_bf16_matmul_rate": flops / (ms * 1e-3) / limits["matmul"]}
-    peer_ms = time_ms(lambda: torch._scaled_mm(
+    def figures(graph_ms: float, eager_ms: float) -> dict:
+        return {"graph_ms": graph_ms, "eager_ms": eager_ms,
+                "fraction_of_copy_bw": moved / (graph_ms * 1e-3) / limits["copy"],
+                "fraction_of_fp8_matmul_rate": flops / (graph_ms * 1e-3) / limits["fp8_matmul"]}
+
+    peer = figures(*time_both(lambda: torch._scaled_mm(
         x_q, w_q.t(), scale_a=x_scale[:, None], scale_b=w_scale[None, :],
-        out_dtype=torch.bfloat16))
+        out_dtype=torch.bfloat16)))
     try:
-        peer_error = relative_error(scaled_mm_fp32(x_q, x_scale, w_q, w_scale), expected)
+        peer["error"] = relative_error(scaled_mm_fp32(x_q, x_scale, w_q, w_scale), expected)
     except RuntimeError:        # no fp32 output from this cuBLASLt: the error stays unknown
-        peer_error = float("nan")
-    row["torch._scaled_mm"] = {"ms": peer_ms, "error": peer_error}
-    for result in row["variants"].values():
-        if "ms" in result:
-            result["ratio_vs_peer"] = peer_ms / result["ms"]
+        peer["error"] = float("nan")
+    print_row(name, m, "torch._scaled_mm", peer)
+    row = {"shape": name, "m": m, "n": n, "k": k, "default_config": dataclasses.asdict(default),
+           "torch._scaled_mm": peer, "variants": {}}
+    labels_by_config = {}
+    for variant in [Variant("default", measure_error=m >= 1024), *variants]:
+        config = variant.config(default, m, n, k) if callable(variant.config) else \
+            (variant.config or default)
+        if time.perf_counter() > deadline:
+            result = {"failed": "skipped: past the time budget"}
+        elif config in labels_by_config:
+            result = {"same_as": labels_by_config[config]}
+        else:
+            labels_by_config[config] = variant.label
+            result = measure_variant(x_q, x_scale, w_q, w_scale, expected, config,
+                                     variant.measure_error)
+            if "graph_ms" in result:
+                result.update(figures(result["graph_ms"], result["eager_ms"]))
+                result["ratio_vs_peer"] = peer["graph_ms"] / result["graph_ms"]
+                result["eager_ratio_vs_peer"] = peer["eager_ms"] / result["eager_ms"]
+        row["variants"][variant.label] = result
+        print_row(name, m, variant.label, result)
     return row
+
+
+def measure_variant(x_q, x_scale, w_q, w_scale, expected, config, measure_error: bool) -> dict:
+    """Check one config (bf16 output; fp32 output where asked), then time it."""
+    from atomk31.triton_kernels.ptpc_fp8 import ptpc_linear_quantized_triton
+
+    def gemm(out_dtype=torch.bfloat16):
+        return ptpc_linear_quantized_triton(x_q, x_scale, w_q, w_scale, out_dtype, config)
+    try:
+        bf16_error = relative_error(gemm(), expected)
+        error = relative_error(gemm(torch.float32), expected) if measure_error else None
+        graph_ms, eager_ms = time_both(gemm)
+    except Exception as failure:  # a variant that does not compile is a result, not a stop
+        return {"failed": f"{type(failure).__name__}: {str(failure)[:200]}",
+                "config": dataclasses.asdict(config)}
+    return {"graph_ms": graph_ms, "eager_ms": eager_ms, "config": dataclasses.asdict(config),
+            "error": error, "bf16_output_error": bf16_error,
+            "correct": bf16_error <= BF16_OUTPUT_TOLERANCE}
 
 
 def proxy_linears(layer: int, is_mla: bool, is_dense: bool) -> dict[str, tuple[int, int]]:
@@ -234,64 +290,50 @@ def time_quantizing_proxy() -> dict:
             "note": "8 proxy layers, random BF16 weights already on the GPU, no checkpoint I/O"}
 
 
-def print_table(rows: list[dict]) -> None:
-    print(f"{'shape':>15} {'M':>5} {'variant':>20} {'ms':>8} {'peer':>8} {'ratio':>6} "
-          f"{'of bw':>6} {'of mm':>6} {'error':>8} {'peer err':>8} ok")
-    for row in rows:
-        peer = row["torch._scaled_mm"]
-        for label, result in row["variants"].items():
-            if "failed" in result:
-                print(f"{row['shape']:>15} {row['m']:>5} {label:>20} {result['failed'][:60]}")
-                continue
-            error = f"{result['error']:8.2e}" if result["error"] is not None else f"{'-':>8}"
-            print(f"{row['shape']:>15} {row['m']:>5} {label:>20} {result['ms']:8.4f} "
-                  f"{peer['ms']:8.4f} {result['ratio_vs_peer']:6.2f} "
-                  f"{result['fraction_of_copy_bw']:6.2f} "
-                  f"{result['fraction_of_bf16_matmul_rate']:6.2f} {error} {peer['error']:8.2e} "
-                  f"{'ok' if result['correct'] else 'WRONG'}")
-
-
-def run(quick: bool, out_dir: Path | None, warp_specialized: bool = False) -> dict:
+def run(quick: bool, out_dir: Path | None) -> dict:
     from atomk31.quant.ptpc import quantize_weight_ptpc
 
     started = time.perf_counter()
+    deadline = started + QUICK_TIME_BUDGET_S if quick else float("inf")
     torch.backends.cuda.matmul.allow_tf32 = False        # the fp32 reference stays fp32
-    limits = {"copy": measure_copy_bandwidth(), "matmul": measure_matmul_rate()}
+    limits = {"copy": measure_copy_bandwidth(), "fp8_matmul": measure_fp8_matmul_rate()}
+    print(f"copy {limits['copy'] / 1e12:.2f} TB/s, FP8 _scaled_mm "
+          f"{limits['fp8_matmul'] / 1e12:.0f} TFLOP/s; graph / eager ms; ratio = peer ms / ours "
+          f"(graph, eager; goal >= 0.9); bw / fp8 = fractions of those limits; error = fp32 "
+          f"output vs fp32 math", flush=True)
+    print(HEADER, flush=True)
     cases = QUICK_CASES if quick else [(name, m) for name in SHAPES for m in TOKENS]
-    if warp_specialized:
-        cases = WARP_SPECIALIZED_CASES
-    rows, weights = [], {}
-    for name, m in cases:
-        if name not in weights:
-            weights.clear()
-            n, k = SHAPES[name]
-            weights[name] = quantize_weight_ptpc(
-                torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
-        variants = WARP_SPECIALIZED_VARIANTS if warp_specialized else variants_for(name, m)
-        rows.append(run_case(name, m, *weights[name], limits, variants))
     payload = {"copy_bandwidth_bytes_per_s": limits["copy"],
-               "matmul_flops_per_s": limits["matmul"], "quick": quick, "rows": rows}
-    if not quick and not warp_specialized:
-        payload["quantize_proxy_linears"] = time_quantizing_proxy()
-    path = write_result("ptpc_fp8_warp_specialized" if warp_specialized else "ptpc_fp8",
-                        payload, out_dir)
-    print(f"wrote {path} ({time.perf_counter() - started:.0f} s)")
-    if "quantize_proxy_linears" in payload:
-        print(f"quantize proxy linears: {payload['quantize_proxy_linears']}")
-    print_table(rows)
+               "fp8_matmul_flops_per_s": limits["fp8_matmul"], "quick": quick, "rows": []}
+    # a timeout's SIGTERM still writes what was measured
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
+    try:
+        weights: dict = {}
+        for name, m in cases:
+            if name not in weights:
+                weights.clear()
+                n, k = SHAPES[name]
+                weights[name] = quantize_weight_ptpc(
+                    torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
+            payload["rows"].append(run_case(name, m, *weights[name], limits,
+                                            variants_for(name, m), deadline))
+        if not quick:
+            payload["quantize_proxy_linears"] = time_quantizing_proxy()
+            print(f"quantize proxy linears: {payload['quantize_proxy_linears']}")
+    finally:
+        path = write_result("ptpc_fp8", payload, out_dir)
+        print(f"wrote {path} ({time.perf_counter() - started:.0f} s)", flush=True)
     return payload
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="ten (shape, M) cases with their variants (~60 s on an H200)")
-    parser.add_argument("--warp-specialized", action="store_true",
-                        help="only o_proj and kv_b at M = 4096: the default vs Triton's warp "
-                             "specialization (run under a timeout: a new sm_90 path)")
+                        help=f"QUICK_CASES in priority order, within {QUICK_TIME_BUDGET_S:.0f} s "
+                             f"(then the remaining variants are listed as skipped)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    run(args.quick, args.out, args.warp_specialized)
+    run(args.quick, args.out)
 
 
 if __name__ == "__main__":

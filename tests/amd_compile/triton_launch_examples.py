@@ -132,6 +132,20 @@ def kda_prefill_two_kernel_intra() -> None:
                        tuning=replace(default_tuning(q.dtype), intra_split=True))
 
 
+def kda_prefill_column_scores() -> None:
+    """Stage 1a as [64, 16] column blocks (one program per chunk and head), then gated w/u."""
+    from dataclasses import replace
+
+    from atomk31.triton_kernels.kda_prefill import default_tuning, kda_prefill_triton
+
+    q, k, v, g, beta = _kda_inputs((100, KDA_HEADS))
+    kda_prefill_triton(q, k, v, g, beta, torch.zeros(2, KDA_HEADS, HEAD_DIM, HEAD_DIM),
+                       torch.tensor([0, 70, 100], dtype=torch.int32), HEAD_DIM ** -0.5,
+                       snapshot_at=torch.tensor([[0, 64]]),
+                       tuning=replace(default_tuning(q.dtype), intra_split=True,
+                                      scores_columns=True))
+
+
 def short_conv() -> None:
     from atomk31.triton_kernels.kda_conv import conv_state_after_triton, short_conv_silu_triton
 
@@ -202,6 +216,47 @@ def ptpc_linear(num_tokens: int, in_features: int) -> Callable[[], None]:
             GROUP_M=config.group_m, SPLIT_K=config.split_k, DOT_FP32=False,
             num_warps=config.num_warps, num_stages=config.num_stages)
     return run
+
+
+def sparse_mla_fp16() -> None:
+    """FP16 products over the FP8 cache, and the kernel that scales the queries into FP16."""
+    from atomk31.triton_kernels.sparse_mla import sparse_mla_triton
+
+    num_rows, num_heads, num_blocks, block_size = 2, 16, 4, 64
+    latent_cache = torch.zeros(num_blocks, block_size, 576, dtype=_fp8_dtype())
+    slots = torch.randint(0, num_blocks * block_size, (num_rows, 256))
+    sparse_mla_triton(torch.randn(num_rows, num_heads, 576, dtype=torch.bfloat16),
+                      latent_cache, 1.0, slots, 576 ** -0.5, num_splits=2, fp16_operands=True)
+
+
+def ptpc_linear_tma() -> None:
+    """The tensor-descriptor (TMA) GEMM: chosen on sm_90 only, but portable Triton, so it is held
+    to the same AMD checks, with 8 warps (Hopper's 4-warp config is for its warp
+    specialization: one producer and two consumer warpgroups; on gfx950 it needs 316 VGPRs)."""
+    from dataclasses import replace
+
+    from atomk31.triton_kernels.ptpc_fp8 import ptpc_quantize_triton
+    from atomk31.triton_kernels.ptpc_fp8_config import HOPPER_TMA_CONFIG
+    from atomk31.triton_kernels.ptpc_fp8_tma import launch_ptpc_gemm_tma
+
+    num_tokens, in_features, out_features = 300, 512, 256
+    a, a_scale = ptpc_quantize_triton(
+        torch.randn(num_tokens, in_features, dtype=torch.bfloat16), _fp8_dtype())
+    w_q = torch.zeros(out_features, in_features, dtype=_fp8_dtype())
+    c = torch.empty(num_tokens, out_features, dtype=torch.bfloat16)
+    launch_ptpc_gemm_tma(a, w_q, a_scale, torch.ones(out_features), c,
+                         replace(HOPPER_TMA_CONFIG, num_warps=8), on_interpreter=False,
+                         num_programs=1)
+
+
+def moe_route_split() -> None:
+    """The router logits spread over E/4 programs per token (``split_router``)."""
+    from atomk31.triton_kernels.moe_routing import moe_route_triton
+
+    num_experts, hidden_size = 64, 256
+    moe_route_triton(torch.randn(4, hidden_size, dtype=torch.bfloat16),
+                     torch.randn(num_experts, hidden_size), torch.zeros(num_experts), 8,
+                     True, 2.5, split_router=True)
 
 
 def moe_route() -> None:
@@ -281,10 +336,10 @@ def dense_mla() -> None:
                      block_size, 576 ** -0.5, rows_per_request=4)
 
 
-def topk(with_slots: bool, collect: str = "stream",
-         group_max_prefetch: bool = False) -> Callable[[], None]:
-    """Top-k of three rows (1, 3000 and 5000 long); `collect` / `group_max_prefetch` reach the
-    non-default stage kernels."""
+def topk(with_slots: bool, collect: str = "warp", group_max_prefetch: bool = False,
+         finish: str = "select") -> Callable[[], None]:
+    """Top-k of three rows (1, 3000 and 5000 long); `collect` / `group_max_prefetch` / `finish`
+    reach the non-default stage kernels."""
     def run() -> None:
         from atomk31.triton_kernels.topk import topk_triton
 
@@ -294,7 +349,7 @@ def topk(with_slots: bool, collect: str = "stream",
             num_blocks = (num_positions + block_size - 1) // block_size
             topk_triton(torch.randn(num_rows, num_positions), 2048, lengths,
                         torch.arange(num_blocks, dtype=torch.int32)[None],
-                        torch.zeros(num_rows, dtype=torch.int32), block_size)
+                        torch.zeros(num_rows, dtype=torch.int32), block_size, finish=finish)
         else:
             topk_triton(torch.randn(num_rows, num_positions), 2048, lengths, collect=collect,
                         group_max_prefetch=group_max_prefetch)
@@ -331,13 +386,16 @@ EXAMPLES: dict[str, Callable[[], None]] = {
     "kda_verify": kda_verify,
     "kda_prefill": kda_prefill,
     "kda_prefill[two-kernel intra]": kda_prefill_two_kernel_intra,
+    "kda_prefill[column-block scores]": kda_prefill_column_scores,
     "short_conv": short_conv,
     "attn_res": attn_res,
     "gated_rms_norm": gated_rms_norm,
     "gated_rms_norm_fp8": gated_rms_norm_fp8,
     "ptpc_linear[decode]": ptpc_linear(3, 4096),
     "ptpc_linear[prefill]": ptpc_linear(300, 512),
+    "ptpc_linear[tma]": ptpc_linear_tma,
     "moe_route": moe_route,
+    "moe_route[split]": moe_route_split,
     "moe_experts_mxfp4": moe_experts(use_dot_scaled=False),
     "moe_experts_mxfp4[dot_scaled]": moe_experts(use_dot_scaled=True),
     "moe_experts_mxfp4[dot_scaled, fp8 down]": moe_experts(use_dot_scaled=True, fp8_down=True),
@@ -347,11 +405,16 @@ EXAMPLES: dict[str, Callable[[], None]] = {
     "moe_experts_mxfp4[gemv dot_scaled]": moe_experts_gemv("dot_scaled"),
     "moe_experts_mxfp4[gemv fma_f32]": moe_experts_gemv("fma_f32"),
     "moe_experts_mxfp4[gemv dot_t]": moe_experts_gemv("dot_t"),
+    "moe_experts_mxfp4[gemv dot_t_words]": moe_experts_gemv("dot_t_words"),
     "moe_experts_mxfp4[gemv 1 token]": moe_experts_gemv(None, num_tokens=1),
     "sparse_mla[fp8 cache]": sparse_mla,
     "dense_mla": dense_mla,
+    "sparse_mla[fp16 products]": sparse_mla_fp16,
     "topk": topk(with_slots=False),
     "topk[slots]": topk(with_slots=True),
+    "topk[lane collect]": topk(with_slots=False, collect="lane"),
+    "topk[stream collect]": topk(with_slots=False, collect="stream"),
+    "topk[sort finish]": topk(with_slots=True, finish="sort"),
     "topk[round2 collect, stage 1 prefetch]": topk(with_slots=False, collect="round2",
                                                    group_max_prefetch=True),
 }

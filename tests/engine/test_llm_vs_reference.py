@@ -59,16 +59,10 @@ def compare_with_reference(recorder, ref, prompts, outputs, first_flip: int) -> 
     return num_close / num_positions
 
 
-def test_float32_batch_equals_reference(tiny_checkpoint, record_logits, pools_free, backend,
-                                        request):
-    if backend["kernel_backend"] == "triton":
-        # seen on the H200 (2026-11-29): 5.6e-2 at position 0 of a 1-token prompt; still
-        # failing after the MLA and indexer kernels took exact fp32 products (final run),
-        # while the same kernels under the interpreter are exact
-        # (test_triton_engine_interpreted.py): a GPU-only configuration is the suspect
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "the Triton kernels multiply fp32 inputs on tensor cores (TF32 / BF16 products), "
-            "so float32 compute is not float32-exact on the GPU yet")))
+def test_float32_batch_equals_reference(tiny_checkpoint, record_logits, pools_free, backend):
+    # On the H200 with the Triton backend (2026-11-29, session 3): logits within 1e-6 .. 6e-6
+    # of the oracle's largest at every position before the first top-k flip; the op-by-op
+    # check that found no kernel differing is tests/engine/test_op_shadow.py.
     llm = LLM(tiny_checkpoint, block_size=16, dtype="float32", kv_cache_dtype="fp32", **backend)
     recorder = record_logits(llm)
     prompts = random_prompts(PROMPT_LENGTHS)

@@ -4,9 +4,8 @@ in float32, equals the oracle: the kernels' semantics, as wired into the model.
 The registry refuses Triton kernels on CPU devices (they need a GPU to be worth running), so
 the test lets every implementation through. Prompts stay within index_topk (64 on the tiny
 model): dense attention only, no top-k near-tie can flip, so every logit must agree to
-TOLERANCE. On the H200 the same comparison still fails (the strict xfail in
-test_llm_vs_reference.py): with this test passing, the difference lies in a GPU-only
-configuration choice, not in what the kernels compute.
+TOLERANCE. On the H200 the same kernels run compiled (test_llm_vs_reference.py's float32 test
+with the Triton backend, and tests/engine/test_op_shadow.py op by op).
 """
 
 import pytest

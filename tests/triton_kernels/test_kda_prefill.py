@@ -2,7 +2,8 @@
 recurrence.
 
 CPU: Triton's interpreter at small shapes (fp32: the interpreter truncates BF16 casts);
-GPU (``-m gpu``): real shapes, H=96, K=V=128, BF16 inputs.
+GPU (``-m gpu``): real shapes, H=96, K=V=128, fp32 and BF16 inputs (fp32 must keep IEEE
+products: the default for fp32 is the exact single-kernel stage 1).
 """
 
 import pytest
@@ -42,16 +43,33 @@ def random_inputs(lengths, num_heads=2, head_dim=128, value_dim=128, seed=0, g_f
 
 # Output in the chunk-parallel stage 3 (the default) or fused into the sequential stage 2;
 # stage 1 in one kernel (default), with its right-hand score tiles recomputed or kept in
-# registers, or in two (scores sliced 32 or 64 channels wide).
+# registers, or in two (scores sliced 32 or 64 channels wide, as [16, 16] tiles or as
+# [64, 16] column blocks, these with BF16 score products and 16-bit aqk/inverse).
 SPLIT, FUSED = KdaPrefillTuning(), KdaPrefillTuning(split_output=False)
 CACHED = KdaPrefillTuning(intra_cache_right=True)
 TWO_KERNEL = KdaPrefillTuning(intra_split=True)
 WIDE_SLICES = KdaPrefillTuning(intra_split=True, scores_block_k=64, gated_block=32)
-TUNINGS = pytest.mark.parametrize("tuning", [SPLIT, FUSED, CACHED, TWO_KERNEL, WIDE_SLICES],
-                                  ids=["split", "fused", "cached", "two-kernel", "wide-slices"])
+# The column-block variants of benchmarks/kernels/bench_kda_prefill.py, same knobs.
+COLUMNS = KdaPrefillTuning(intra_split=True, scores_columns=True, compact_scores=True)
+COLUMNS_COMPACT = KdaPrefillTuning(intra_split=True, scores_columns=True, scores_bf16=True,
+                                   compact_scores=True, scores_block_k=16)
+# The column-block scores with the gated rows and w, u in the same kernel.
+COLUMNS_FUSED = KdaPrefillTuning(scores_columns=True, fuse_gated=True, compact_scores=True,
+                                 gated_block=32, scores_num_warps=8)
+COLUMNS_FUSED_W4 = KdaPrefillTuning(scores_columns=True, fuse_gated=True, compact_scores=True,
+                                    gated_block=32, scores_block_k=16)
+# GPU (dtype, tuning) pairs; None: the launcher's default for the dtype (fp32: the exact
+# single-kernel stage 1, IEEE products). FP32 inputs keep IEEE products in every variant.
+GPU_CASES = pytest.mark.parametrize("dtype, tuning", [
+    (torch.float32, None), (torch.float32, TWO_KERNEL), (torch.float32, COLUMNS_FUSED),
+    (torch.bfloat16, None), (torch.bfloat16, FUSED), (torch.bfloat16, COLUMNS),
+    (torch.bfloat16, COLUMNS_COMPACT), (torch.bfloat16, COLUMNS_FUSED),
+    (torch.bfloat16, COLUMNS_FUSED_W4),
+], ids=["fp32-default", "fp32-two-kernel", "fp32-columns-fused", "bf16-default", "bf16-fused",
+        "bf16-columns", "bf16-columns-compact", "bf16-columns-fused", "bf16-columns-fused-w4"])
 # The interpreter is slow: the stage-1 and output designs here, the tile choices in one test.
-CPU_TUNINGS = pytest.mark.parametrize("tuning", [SPLIT, FUSED, TWO_KERNEL],
-                                      ids=["split", "fused", "two-kernel"])
+CPU_TUNINGS = pytest.mark.parametrize("tuning", [SPLIT, FUSED, TWO_KERNEL, COLUMNS_FUSED],
+                                      ids=["split", "fused", "two-kernel", "columns-fused"])
 
 
 @CPU_TUNINGS
@@ -67,7 +85,9 @@ def test_kda_prefill_triton_matches_torch(lengths, tuning):
     assert_relative_close("final_state", final_state, expected[1], CPU_TOLERANCE)
 
 
-@CPU_TUNINGS
+# Snapshots are stage 2's business: the column-block stage 1a adds nothing here.
+@pytest.mark.parametrize("tuning", [SPLIT, FUSED, TWO_KERNEL],
+                         ids=["split", "fused", "two-kernel"])
 def test_kda_prefill_triton_snapshots_cut_chunks(tuning):
     lengths = [150, 0, 5]
     q, k, v, g, beta, state, bounds = random_inputs(lengths, seed=8)
@@ -83,8 +103,8 @@ def test_kda_prefill_triton_snapshots_cut_chunks(tuning):
     assert torch.equal(snapshots[3], state[1]) and torch.equal(snapshots[7], snapshots[1])
 
 
-@pytest.mark.parametrize("tuning", [SPLIT, CACHED, WIDE_SLICES],
-                         ids=["split", "cached", "wide-slices"])
+@pytest.mark.parametrize("tuning", [SPLIT, CACHED, WIDE_SLICES, COLUMNS_FUSED],
+                         ids=["split", "cached", "wide-slices", "columns-fused"])
 def test_kda_prefill_triton_decay_at_the_floor_stays_finite(tuning):
     # g = -5 for every token: Γ reaches -320 in a chunk, where exp(-Γ) alone overflows (§4.4).
     q, k, v, g, beta, state, bounds = random_inputs([100], seed=9)
@@ -97,7 +117,8 @@ def test_kda_prefill_triton_decay_at_the_floor_stays_finite(tuning):
     assert_relative_close("final_state", final_state, expected[1], CPU_TOLERANCE)
 
 
-@pytest.mark.parametrize("tuning", [SPLIT, TWO_KERNEL], ids=["split", "two-kernel"])
+@pytest.mark.parametrize("tuning", [SPLIT, TWO_KERNEL, COLUMNS_COMPACT],
+                         ids=["split", "two-kernel", "columns-compact"])
 def test_kda_prefill_triton_odd_head_sizes(tuning):
     # K = 48, V = 40: channel slices and value blocks past the end of the head are masked.
     lengths = [33, 64]
@@ -106,6 +127,17 @@ def test_kda_prefill_triton_odd_head_sizes(tuning):
     o, final_state, _ = kda_prefill_triton(q, k, v, g, beta, state, bounds, 0.3, tuning=tuning)
     assert_relative_close("o", o, expected[0], CPU_TOLERANCE)
     assert_relative_close("final_state", final_state, expected[1], CPU_TOLERANCE)
+
+
+def test_kda_prefill_triton_compact_scores_under_bf16_intermediates():
+    # 16-bit aqk and inverse (BF16 intermediates on fp32 inputs: the interpreter's products
+    # stay fp32): within BF16 rounding of the torch op.
+    q, k, v, g, beta, state, bounds = random_inputs([70], seed=17)
+    compact = kda_prefill_triton(q, k, v, g, beta, state, bounds, 0.1, tuning=COLUMNS_COMPACT,
+                                 intermediate_dtype=torch.bfloat16)
+    expected = kda_prefill_torch(q, k, v, g, beta, state, bounds, 0.1)
+    assert_relative_close("o vs torch", compact[0], expected[0], 2e-2)
+    assert_relative_close("final_state vs torch", compact[1], expected[1], 2e-2)
 
 
 def test_kda_prefill_triton_matches_fla_naive_recurrence():
@@ -157,8 +189,7 @@ def test_conv_state_after_triton_matches_torch():
 
 
 @pytest.mark.gpu
-@TUNINGS
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@GPU_CASES
 def test_kda_prefill_triton_real_shapes_gpu(dtype, tuning):
     lengths = [3000, 1, 0, 1100]
     q, k, v, g, beta, state, bounds = random_inputs(lengths, num_heads=96, seed=14)

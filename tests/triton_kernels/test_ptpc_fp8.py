@@ -5,20 +5,25 @@ the torch op), and the launcher's tile choice per target. GPU (``-m gpu``): prox
 shapes, where the FP8 tensor cores sum with reduced precision (see FP8_GEMM_TOLERANCE).
 """
 
+import dataclasses
+
 import pytest
 import torch
 
 from atomk31.ops.linear import ptpc_linear_quantized_torch, ptpc_quantize_torch
 from atomk31.quant.ptpc import quantize_weight_ptpc
+from atomk31.triton_kernels import ptpc_fp8, ptpc_fp8_config
 from atomk31.triton_kernels.ptpc_fp8 import (
     GemmConfig, GemmTarget, pick_config_for_target, ptpc_linear_quantized_triton,
     ptpc_linear_triton, ptpc_quantize_triton, split_k_to_fill,
 )
+from atomk31.triton_kernels.ptpc_fp8_config import HOPPER_TMA_CONFIG
 from assertions import assert_relative_close
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8_DTYPES = [torch.float8_e4m3fn, torch.float8_e4m3fnuz]
 H200 = GemmTarget(num_sms=132, is_amd=False)
+H200_TMA = GemmTarget(num_sms=132, is_amd=False, has_tma_ws=True)
 GFX942 = GemmTarget(num_sms=304, is_amd=True)
 GFX942_LDS_BYTES = 64 << 10
 
@@ -100,6 +105,38 @@ def test_ptpc_linear_quantized_triton_matches_torch(m, n, k, config):
     assert_relative_close("y", y, expected, 1e-6)
 
 
+# The TMA kernel (Hopper's default path for large M): descriptors zero-fill the tile edges, so
+# M, N and K are not multiples of the blocks here (K stays a multiple of 16: aligned rows).
+TMA_CONFIGS = [
+    GemmConfig(16, 32, 64, tma=True, num_stages=2),
+    GemmConfig(16, 32, 64, split_k=3, tma=True, num_stages=2),
+    GemmConfig(16, 64, 32, tma=True, split_n=True, promote_per_tile=True, warp_specialize=True),
+    GemmConfig(32, 64, 64, split_k=2, tma=True, split_n=True),
+    GemmConfig(16, 32, 64, tma=True, persistent=True, promote_per_tile=True,
+               warp_specialize=True),
+]
+
+
+@pytest.mark.parametrize("config", TMA_CONFIGS, ids=["plain", "split-k3", "split-n-per-tile",
+                                                     "split-k2-split-n", "persistent"])
+@pytest.mark.parametrize("m,n,k", [(1, 70, 272), (37, 128, 256), (0, 16, 64)],
+                         ids=["M1-N70-K272", "M37-N128-K256", "M0-N16-K64"])
+def test_ptpc_linear_quantized_triton_tma_matches_torch(m, n, k, config):
+    x_q, x_scale = ptpc_quantize_torch(random_matrix(m, k, seed=11))
+    w_q, w_scale = quantize_weight_ptpc(random_matrix(n, k, seed=12))
+    expected = ptpc_linear_quantized_torch(x_q, x_scale, w_q, w_scale, torch.float32)
+    y = ptpc_linear_quantized_triton(x_q, x_scale, w_q, w_scale, torch.float32, config)
+    assert_relative_close("y", y, expected, 1e-6)
+
+
+def test_ptpc_linear_quantized_triton_tma_rejects_unaligned_rows():
+    x_q, x_scale = ptpc_quantize_torch(random_matrix(3, 72, seed=13))
+    w_q, w_scale = quantize_weight_ptpc(random_matrix(8, 72, seed=14))
+    with pytest.raises(ValueError, match=r"TMA kernel needs 16-byte aligned fp8 rows"):
+        ptpc_linear_quantized_triton(x_q, x_scale, w_q, w_scale, torch.float32,
+                                     GemmConfig(16, 32, 64, tma=True))
+
+
 def test_ptpc_linear_triton_keeps_leading_dims_and_dtype():
     x = random_matrix(6, 256, seed=3).view(2, 3, 256)
     w_q, w_scale = quantize_weight_ptpc(random_matrix(64, 256, seed=4))
@@ -165,6 +202,36 @@ def test_pick_config_amd_keeps_round_1_tiles():
     assert (amd.block_m, amd.block_n, amd.block_k, amd.num_warps) == (64, 128, 128, 4)
 
 
+@pytest.mark.parametrize("m, n, k, uses_tma", [
+    (4096, 7168, 12288, True),        # o_proj: 1792 tiles of 128x128
+    (1024, 24576, 512, True),         # kv_b
+    (4096, 576, 7168, True),          # kv_a: 160 tiles
+    (1024, 576, 7168, False),         # kv_a: 40 tiles, the pointer kernel's split K
+    (512, 7168, 12288, False),        # below HOPPER_TMA_MIN_M
+])
+def test_pick_config_hopper_tma_from_min_m_where_tiles_cover_the_sms(monkeypatch, m, n, k,
+                                                                     uses_tma):
+    monkeypatch.setattr(ptpc_fp8_config, "HOPPER_TMA_MIN_M", 1024)
+    config = pick_config_for_target(m, n, k, H200_TMA)
+    assert (config == HOPPER_TMA_CONFIG) == uses_tma
+    assert not pick_config_for_target(m, n, k, H200).tma           # not Hopper: never
+    assert not pick_config_for_target(m, n, k, GFX942).tma
+
+
+def test_ptpc_linear_quantized_triton_tma_default_falls_back_on_unaligned_rows(monkeypatch):
+    """A TMA default with K not a multiple of 16: the pointer kernel's config instead."""
+    monkeypatch.setattr(ptpc_fp8, "pick_config", lambda m, n, k: GemmConfig(16, 32, 64, tma=True))
+    monkeypatch.setattr(ptpc_fp8, "current_target", lambda: H200_TMA)
+    monkeypatch.setattr(ptpc_fp8, "pick_config_for_target",
+                        lambda m, n, k, target: GemmConfig(16, 32, 64, num_stages=1,
+                                                           promote_every=None))
+    x_q, x_scale = ptpc_quantize_torch(random_matrix(5, 72, seed=15))
+    w_q, w_scale = quantize_weight_ptpc(random_matrix(40, 72, seed=16))
+    y = ptpc_linear_quantized_triton(x_q, x_scale, w_q, w_scale, torch.float32)
+    expected = ptpc_linear_quantized_torch(x_q, x_scale, w_q, w_scale, torch.float32)
+    assert_relative_close("y", y, expected, 1e-6)
+
+
 def quantizer_mismatch_report(x, q, scale, expected_q, expected_scale) -> str:
     """Where the Triton quantizer and the torch op disagree, with float64 arithmetic as the
     judge (which side is off, and for which values)."""
@@ -222,3 +289,32 @@ def test_ptpc_linear_triton_proxy_shapes_gpu(m, n, k):
     except RuntimeError as failure:            # this shape or cuBLASLt has no fp32 output
         limit, against = FP8_GEMM_TOLERANCE, f"the fixed bound (_scaled_mm: {failure})"
     assert error <= limit, f"relative error {error:.3g} > {limit:.3g}, {against}"
+
+
+# The TMA kernel's candidates on the H200, as benchmarks/kernels/bench_ptpc_fp8.py times them:
+# HOPPER_TMA_CONFIG ("tma ws 128x128"), its persistent form, 128x256 tiles in two column halves,
+# and 128x64 tiles (M = 128).
+GPU_TMA_CONFIGS = {
+    "ws-128x128": HOPPER_TMA_CONFIG,
+    "ws-128x128-persistent": dataclasses.replace(HOPPER_TMA_CONFIG, persistent=True),
+    "ws-128x256-split-n": dataclasses.replace(HOPPER_TMA_CONFIG, block_n=256, num_stages=3,
+                                              split_n=True),
+    "ws-128x64": dataclasses.replace(HOPPER_TMA_CONFIG, block_n=64, num_stages=6),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", list(GPU_TMA_CONFIGS.values()), ids=list(GPU_TMA_CONFIGS))
+@pytest.mark.parametrize("m", [300, 2048], ids=lambda m: f"M{m}")
+@pytest.mark.parametrize("n,k", [(7168, 12288), (576, 7168), (24576, 512)],
+                         ids=["o_proj", "kv_a", "kv_b"])
+def test_ptpc_linear_triton_tma_proxy_shapes_gpu(m, n, k, config):
+    """The TMA kernel as close to fp32 math as torch._scaled_mm on the same inputs."""
+    x_q, x_scale = ptpc_quantize_torch(random_matrix(m, k, seed=m, dtype=torch.bfloat16))
+    w_q, w_scale = quantize_weight_ptpc(random_matrix(n, k, seed=n, dtype=torch.bfloat16))
+    expected = ptpc_linear_quantized_torch(x_q, x_scale, w_q, w_scale, torch.float32)
+    y = ptpc_linear_quantized_triton(x_q, x_scale, w_q, w_scale, torch.float32, config)
+    error = ((y.double() - expected.double()).abs().max() / expected.double().abs().max()).item()
+    peer = scaled_mm_relative_error(x_q, x_scale, w_q, w_scale, expected)
+    limit = SCALED_MM_ERROR_FACTOR * peer + SCALED_MM_ERROR_SLACK
+    assert error <= limit, f"relative error {error:.3g} > {limit:.3g} (torch._scaled_mm {peer:.3g})"

@@ -85,6 +85,55 @@ def test_sparse_mla_triton_interpreter_variants_match_torch(interpreted, num_spl
     assert_close("lse", got_lse, want_lse, 1e-5, 1e-5)
 
 
+@pytest.mark.parametrize("prefetch, value_splits, num_splits", [(1, 1, 1), (1, 2, 3)],
+                         ids=["prefetch1", "prefetch1-value-halves-splits3"])
+def test_sparse_mla_triton_interpreter_prefetch_matches_torch(interpreted, num_splits, prefetch,
+                                                              value_splits):
+    # k = 37 over 16-key tiles: the last tile's prefetch runs past the selection (masked).
+    num_rows, num_heads, k, block_size = 3, 5, 37, 16
+    cache = make_latent_cache(6, block_size, torch.float8_e4m3fn, seed=k)
+    slots = make_slots(num_rows, k, 6 * block_size, 0.3, seed=1)
+    q = torch.randn(num_rows, num_heads, 576, generator=torch.Generator().manual_seed(2))
+    got_out, got_lse = interpreted.sparse_mla_triton(q, cache, LATENT_SCALE, slots,
+                                                     SOFTMAX_SCALE, num_splits=num_splits,
+                                                     prefetch=prefetch, value_splits=value_splits)
+    want_out, want_lse = sparse_mla_torch(q, cache, LATENT_SCALE, slots, SOFTMAX_SCALE)
+    assert_close("out", got_out, want_out, 1e-5, 1e-5)
+    assert_close("lse", got_lse, want_lse, 1e-5, 1e-5)
+
+
+def test_sparse_mla_triton_interpreter_fp16_operands_match_torch(interpreted):
+    """FP16 products over an FP8 latent: queries far outside FP16's range (2^40, 2^-40) are
+    scaled into it; operands stay exact, only the probabilities round (to FP16)."""
+    num_rows, num_heads, k, block_size = 3, 4, 37, 16
+    cache = make_latent_cache(6, block_size, torch.float8_e4m3fn, seed=k)
+    slots = make_slots(num_rows, k, 6 * block_size, 0.3, seed=1)
+    q = torch.randn(num_rows, num_heads, 576, generator=torch.Generator().manual_seed(2))
+    q[:, 1] *= 2.0**40 / 1e12  # huge scores: one key dominates
+    q[:, 2] *= 2.0**-40
+    q = q.to(torch.bfloat16)
+    got_out, got_lse = interpreted.sparse_mla_triton(q, cache, LATENT_SCALE, slots,
+                                                     SOFTMAX_SCALE, num_splits=2,
+                                                     fp16_operands=True, value_splits=2)
+    want_out, want_lse = sparse_mla_torch(q.float(), cache, LATENT_SCALE, slots, SOFTMAX_SCALE)
+    assert_close("out", got_out, want_out, 2e-3, 2e-3)
+    assert_close("lse", got_lse, want_lse, 1e-5, 1e-5)
+
+
+def test_mla_fp16_query_is_exact_for_bf16(interpreted):
+    from atomk31.triton_kernels.mla_fp16_query import mla_fp16_query
+
+    q = torch.randn(2, 3, 576, generator=torch.Generator().manual_seed(3))
+    q[0, 0] *= 2.0**100
+    q[0, 1] *= 2.0**-100
+    q[1, 0] = 0.0
+    q = q.to(torch.bfloat16)
+    q16, unscale = mla_fp16_query(q)
+    assert q16.dtype == torch.float16 and bool(torch.isfinite(q16).all())
+    assert torch.equal(q16.float() * unscale[..., None], q.float())
+    assert float(q16.float().abs().amax(-1)[0, 2]) >= 2.0**14
+
+
 def test_sparse_mla_triton_interpreter_single_slot_and_no_rows(interpreted):
     cache = make_latent_cache(2, 16, torch.bfloat16, seed=3)
     q = torch.randn(1, 2, 576, generator=torch.Generator().manual_seed(4))
@@ -135,19 +184,23 @@ def test_fewest_splits_filling_waves_on_132_multiprocessors(num_programs, max_sp
     assert fewest_splits_filling_waves(num_programs, 132, max_splits) == want
 
 
-# (rows a program, programs' row groups, keys) -> (block_h, block_n, splits, warps, stages,
-# value splits, scores via memory) of round 2's fastest tiles for 96 heads on CUDA.
+# (rows a program, programs' row groups, keys, sparse) -> (block_h, block_n, splits, warps,
+# stages, value splits, scores via memory, prefetch, fp16 operands) of the fastest tiles
+# measured for 96 heads on CUDA (round 2; round 3 for few sparse rows).
 CUDA_96_HEAD_TILES = [
-    ((1, 16, 2048), (64, 64, 16, 8, 1, 1, True)),  # sparse, 16 rows
-    ((1, 64, 2048), (128, 64, 1, 8, 1, 2, False)),  # sparse, 64 rows
-    ((1, 16, 131072), (128, 64, 1, 8, 1, 2, False)),  # dense, 1 row a request
-    ((4, 16, 16384), (32, 64, 1, 8, 1, 2, False)),  # dense, 4 rows a request
-    ((2, 16, 16384), (32, 64, 1, 8, 2, 1, False)),  # 2 rows: round 1's choice
+    # 16 sparse rows: one split here (a CPU tensor: one multiprocessor); 4 on an H200
+    ((1, 16, 2048, True), (128, 64, 1, 8, 1, 2, False, 1, True)),
+    ((1, 64, 2048, True), (128, 64, 1, 8, 1, 2, False, 0, False)),  # sparse, 64 rows
+    ((1, 16, 2048, False), (64, 64, 16, 8, 1, 1, True, 0, False)),  # dense, short context
+    ((1, 16, 131072, False), (128, 64, 1, 8, 1, 2, False, 0, False)),  # dense, 1 row a request
+    ((4, 16, 16384, False), (32, 64, 1, 8, 1, 2, False, 0, False)),  # dense, 4 rows a request
+    ((2, 16, 16384, False), (32, 64, 1, 8, 2, 1, False, 0, False)),  # 2 rows: round 1's choice
 ]
 
 
 @pytest.mark.parametrize("shape, want", CUDA_96_HEAD_TILES,
-                         ids=["sparse16", "sparse64", "dense1", "dense4", "dense2"])
+                         ids=["sparse16", "sparse64", "dense-short", "dense1", "dense4",
+                              "dense2"])
 def test_choose_tiles_cuda_defaults_for_96_heads(monkeypatch, shape, want):
     from types import SimpleNamespace
 
@@ -156,11 +209,13 @@ def test_choose_tiles_cuda_defaults_for_96_heads(monkeypatch, shape, want):
     target = SimpleNamespace(backend="cuda", arch=90, warp_size=32)
     monkeypatch.setattr(mla_tiles, "driver", SimpleNamespace(
         active=SimpleNamespace(get_current_target=lambda: target)))
-    rows_per_program, num_groups, max_keys = shape
+    rows_per_program, num_groups, max_keys, is_sparse = shape
     q = torch.empty(0, 96, 576)  # a CPU tensor: one multiprocessor, so one split by waves
-    tiles = mla_tiles.choose_tiles(q, False, False, num_groups, max_keys, rows_per_program)
+    tiles = mla_tiles.choose_tiles(q, False, False, num_groups, max_keys, rows_per_program,
+                                   is_sparse=is_sparse)
     assert (tiles.block_h, tiles.block_n, tiles.num_splits, tiles.num_warps, tiles.num_stages,
-            tiles.value_splits, tiles.scores_via_memory) == want
+            tiles.value_splits, tiles.scores_via_memory, tiles.prefetch,
+            tiles.fp16_operands) == want
     # A caller's tile knob keeps round 1's rule for the rest (value_splits default 1).
     fixed = mla_tiles.choose_tiles(q, False, False, num_groups, max_keys, rows_per_program,
                                    block_h=64 // rows_per_program)
@@ -168,6 +223,9 @@ def test_choose_tiles_cuda_defaults_for_96_heads(monkeypatch, shape, want):
     # float32 products keep the small tiles.
     assert mla_tiles.choose_tiles(q, True, False, num_groups, max_keys,
                                   rows_per_program).block_n == 16
+    with pytest.raises(ValueError, match="prefetch must be 0 or 1, got 2"):
+        mla_tiles.choose_tiles(q, False, False, num_groups, max_keys, rows_per_program,
+                               prefetch=2)
 
 
 @pytest.mark.gpu
@@ -191,16 +249,21 @@ def test_sparse_mla_triton_gpu_default_tiles(num_rows):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_h, block_n, num_warps, num_stages, scores_via_memory, value_splits",
-                         [(64, 64, 4, 1, False, 1), (64, 128, 8, 1, False, 1),
-                          (64, 64, 8, 3, False, 1), (64, 64, 8, 1, True, 1),
-                          (64, 64, 4, 1, False, 2), (64, 128, 4, 1, False, 2),
-                          (128, 64, 8, 1, False, 2), (64, 64, 8, 1, True, 2)],
-                         ids=["w4s1", "bn128-w8s1", "w8s3", "w8-via-memory", "w4-value-halves",
-                              "bn128-w4-value-halves", "bh128-w8-value-halves",
-                              "w8-via-memory-value-halves"])
+@pytest.mark.parametrize(
+    "block_h, block_n, num_warps, num_stages, scores_via_memory, value_splits, prefetch, fp16",
+    [(64, 64, 4, 1, False, 1, 0, False), (64, 128, 8, 1, False, 1, 0, False),
+     (64, 64, 8, 3, False, 1, 0, False), (64, 64, 8, 1, True, 1, 0, False),
+     (64, 64, 4, 1, False, 2, 0, False), (64, 128, 4, 1, False, 2, 0, False),
+     (128, 64, 8, 1, False, 2, 0, False), (64, 64, 8, 1, True, 2, 0, False),
+     (128, 64, 8, 1, False, 2, 1, False), (128, 32, 8, 2, False, 2, 1, False),
+     (128, 64, 8, 1, False, 2, 1, True), (128, 64, 8, 1, False, 2, 0, True),
+     (64, 64, 8, 1, True, 1, 1, True)],
+    ids=["w4s1", "bn128-w8s1", "w8s3", "w8-via-memory", "w4-value-halves",
+         "bn128-w4-value-halves", "bh128-w8-value-halves", "w8-via-memory-value-halves",
+         "bh128-prefetch1", "bh128-bn32-s2-prefetch1", "bh128-prefetch1-fp16", "bh128-fp16",
+         "via-memory-prefetch1-fp16"])
 def test_sparse_mla_triton_gpu_tile_variants(block_h, block_n, num_warps, num_stages,
-                                             scores_via_memory, value_splits):
+                                             scores_via_memory, value_splits, prefetch, fp16):
     from atomk31.triton_kernels.sparse_mla import sparse_mla_triton
 
     num_blocks, block_size, k = 40, 128, 2048
@@ -213,7 +276,8 @@ def test_sparse_mla_triton_gpu_tile_variants(block_h, block_n, num_warps, num_st
                                          block_h=block_h, block_n=block_n,
                                          num_warps=num_warps, num_stages=num_stages,
                                          scores_via_memory=scores_via_memory,
-                                         value_splits=value_splits)
+                                         value_splits=value_splits, prefetch=prefetch,
+                                         fp16_operands=fp16)
     want_out, want_lse = sparse_mla_torch(q.float(), cache, LATENT_SCALE, slots, SOFTMAX_SCALE)
     assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
     assert relative_error(got_out, want_out) < 1e-2

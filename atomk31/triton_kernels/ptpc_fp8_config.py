@@ -1,0 +1,150 @@
+"""Tile choice of the PTPC-FP8 scaled GEMM (MODEL_SPEC §6.5): one config per shape class in an
+explicit table, per target (no autotuning).
+
+Two kernels share the config type:
+* the pointer kernel (``ptpc_fp8.ptpc_gemm_kernel``): any target, any layout; decode tiles with
+  split K, and the AMD configs;
+* the TMA kernel (``ptpc_fp8_tma.ptpc_gemm_tma_kernel``, ``tma=True``): Hopper only. Tensor
+  descriptors feed a warp-specialized loop: one producer warpgroup issues the TMA loads, two
+  consumer warpgroups (64 rows each) run the wgmma and promote their own partial sums, so one
+  consumer's promotion overlaps the other's tensor-core work.
+"""
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Tile shape and launch options of the PTPC GEMM.
+
+    ``split_k``: programs per output tile along K (fp32 atomics, then one cast).
+    ``promote_every``: K elements between promotions of the FP8 wgmma partial sum into the
+    fp32 accumulator (NVIDIA sm_90; None: never). ``promote_per_tile``: promote every
+    ``block_k`` through an explicit fp32 add of each tile's product instead (same numerics
+    as ``promote_every = block_k``). ``warp_specialize``: Triton's automatic warp
+    specialization of the K loop (producer / MMA partitions; on sm_90 Triton 3.6 applies it
+    only with ``num_warps = 4``, and only the TMA kernel's loop qualifies). ``dot_bf16``:
+    widen the FP8 tiles to bf16 before the product (exact values, full fp32 accumulation,
+    half the FP8 tensor rate). ``tma``: the TMA kernel. ``split_n``: (TMA kernel) two
+    accumulators of ``block_n / 2`` columns, each promoted on its own, so that a consumer of
+    64 x 256 outputs holds 2 x 64 + 64 fp32 registers instead of 2 x 128. ``persistent``:
+    (TMA kernel) one program per SM walking the tiles."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 4
+    promote_every: int | None = 128
+    promote_per_tile: bool = False
+    warp_specialize: bool = False
+    dot_bf16: bool = False
+    tma: bool = False
+    split_n: bool = False
+    persistent: bool = False
+
+
+# Under the interpreter: one small config (tests cover split K with explicit configs).
+INTERPRETER_CONFIG = GemmConfig(16, 32, 64, num_stages=1, promote_every=None)
+# Fewest K tiles one split may hold: fewer would spend the program on its prologue.
+MIN_K_TILES_PER_SPLIT = 4
+
+
+@dataclass(frozen=True)
+class GemmTarget:
+    """What the tile choice needs to know about the GPU. ``has_tma_ws``: Hopper (sm_90), where
+    the TMA kernel and Triton's warp specialization for it exist."""
+
+    num_sms: int
+    is_amd: bool
+    has_tma_ws: bool = False
+
+
+@functools.lru_cache(maxsize=None)
+def current_target() -> GemmTarget:
+    """The active Triton target (the compile-only driver's, in tests/amd_compile)."""
+    target = triton.runtime.driver.active.get_current_target()
+    if target.backend == "hip":
+        return GemmTarget(304 if target.arch == "gfx942" else 256, True)
+    if not torch.cuda.is_available():
+        return GemmTarget(132, False)
+    device = torch.cuda.current_device()
+    return GemmTarget(torch.cuda.get_device_properties(device).multi_processor_count, False,
+                      has_tma_ws=torch.cuda.get_device_capability(device)[0] == 9)
+
+
+def split_k_to_fill(tiles: int, k: int, block_k: int, num_sms: int) -> int:
+    """Splits of K that bring ``tiles`` output tiles up to about one program per SM, keeping
+    >= MIN_K_TILES_PER_SPLIT K tiles per split; normalized so that no split is empty."""
+    if 2 * tiles > num_sms:
+        return 1
+    k_tiles = triton.cdiv(k, block_k)
+    split = max(1, min(num_sms // tiles, k_tiles // MIN_K_TILES_PER_SPLIT))
+    return triton.cdiv(k_tiles, triton.cdiv(k_tiles, split))
+
+
+# One tile per shape class, by the largest M of the class (None: any larger M); split_k is
+# filled in per shape (split_k_to_fill). The round-1 H200 winners
+# (benchmarks/kernels/bench_ptpc_fp8.py):
+# * decode, M <= 64: 16/32/64-row tiles, 64 columns, K steps of 256; split K only where the
+#   tiles cannot cover half the SMs (kv_a: N = 576);
+# * M <= 256: 64x128x128 tiles (split K for small N);
+# * larger M: 128x128x128 tiles, 8 warps: two warpgroups of 64 rows, 2 x 64 fp32 registers
+#   each for the accumulator and the FP8 partial sum it promotes. Not 128x256: 2 x 128
+#   registers there, and it spilled (2.6x slower on the H200).
+# AMD: 2 stages (the stream pipeliner's double buffer; gfx942 has 64 KiB of LDS), no
+# promotion (max_num_imprecise_acc is for NVIDIA's sm_90).
+CONFIG_BY_MAX_M: tuple[tuple[int | None, GemmConfig], ...] = (
+    (16, GemmConfig(16, 64, 256)),
+    (32, GemmConfig(32, 64, 256)),
+    (64, GemmConfig(64, 64, 256)),
+    (256, GemmConfig(64, 128, 128)),
+    (None, GemmConfig(128, 128, 128, num_warps=8)),
+)
+# Round 2 on the H200 (vs torch._scaled_mm, same accuracy), CUDA only:
+# * M <= 16: no split K. kv_a (N = 576, K = 7168) at M = 1: 0.0213 ms unsplit vs 0.0648 with
+#   7 splits (fp32 atomics, then a cast); the other decode shapes fill the SMs unsplit anyway.
+CUDA_NO_SPLIT_MAX_M = 16
+# * 17 <= M <= 256 where the tiles fill the SMs unsplit: 64x128x256 tiles, 8 warps, 3 stages.
+#   o_proj at M = 128: 0.0483 ms vs 0.0602 for 64x128x128 on 4 warps. Where they do not
+#   (small N: kv_a), round 1's 64x128x128 tiles with split K.
+CUDA_UNSPLIT_M256_CONFIG = GemmConfig(64, 128, 256, num_warps=8, num_stages=3)
+
+
+# Hopper (sm_90) from HOPPER_TMA_MIN_M tokens up (None: never): the TMA kernel, warp-specialized
+# (one producer and two consumer warpgroups of 64 rows), promotion per 128-K tile, where its
+# 128x128 tiles alone cover the SMs (small N, e.g. kv_a's 576, keeps the pointer kernel's split
+# K). Offline on sm_90 (Triton 3.6): no spills, the promotion of one consumer overlapping the
+# other's wgmma; not yet measured on the H200, so off (benchmarks/kernels/bench_ptpc_fp8.py
+# times it as "tma ws 128x128" beside the default).
+HOPPER_TMA_MIN_M: int | None = None
+HOPPER_TMA_CONFIG = GemmConfig(128, 128, 128, num_warps=4, num_stages=4, promote_per_tile=True,
+                               warp_specialize=True, tma=True)
+
+
+def pick_config_for_target(m: int, n: int, k: int, target: GemmTarget) -> GemmConfig:
+    """The launcher's tile choice on a given target (tests check the AMD choices without the
+    driver)."""
+    if target.has_tma_ws and HOPPER_TMA_MIN_M is not None and m >= HOPPER_TMA_MIN_M and \
+            triton.cdiv(m, HOPPER_TMA_CONFIG.block_m) * \
+            triton.cdiv(n, HOPPER_TMA_CONFIG.block_n) >= target.num_sms:
+        return HOPPER_TMA_CONFIG
+    max_m, config = next((max_m, c) for max_m, c in CONFIG_BY_MAX_M
+                         if max_m is None or m <= max_m)
+    if target.is_amd:
+        config = dataclasses.replace(config, num_stages=2, promote_every=None)
+    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+    split_k = split_k_to_fill(tiles, k, config.block_k, target.num_sms)
+    if not target.is_amd and m <= CUDA_NO_SPLIT_MAX_M:
+        split_k = 1
+    if not target.is_amd and max_m == 256 and split_k == 1:
+        config = CUDA_UNSPLIT_M256_CONFIG  # the same 64x128 tiles, so the same tile count
+    return dataclasses.replace(config, split_k=split_k)
+

@@ -1,0 +1,85 @@
+"""Shadow mode (atomk31/ops/shadow.py): each op on two backends, differences recorded per op.
+
+On the GPU this is the float32 engine with every Triton kernel checked against its torch
+implementation on the same inputs: the test that names the kernel when the engine-level
+float32 comparison (test_llm_vs_reference.py) fails.
+"""
+
+import pytest
+import torch
+
+from atomk31 import LLM, SamplingParams
+from atomk31.engine import llm_engine
+from atomk31.ops import registry, select_ops
+from atomk31.ops.shadow import ShadowOpTable
+
+FLOAT32_TOLERANCE = 1e-5  # of the largest |value| of each output: float32-exact kernels
+
+
+def _tables():
+    reg = registry.OpRegistry()
+
+    def scale_torch(x, state):
+        state.add_(1.0)
+        return x * 2.0
+
+    def scale_off(x, state):
+        state.add_(1.5)            # writes its state wrong
+        return x * 2.0 + 1e-3      # and its output a little off
+
+    def ids_torch(x):
+        return torch.tensor([[3, 1, 2]])
+
+    def ids_reordered(x):
+        return torch.tensor([[1, 2, 3]])
+
+    reg.register("scale", "torch", scale_torch)
+    reg.register("scale", "triton", scale_off)
+    reg.register("topk_slots", "torch", ids_torch)
+    reg.register("topk_slots", "triton", ids_reordered)
+    return reg.select_ops("triton", "cpu"), reg.select_ops("torch", "cpu")
+
+
+def test_shadow_records_each_op_and_hands_on_the_reference_results():
+    checked, reference = _tables()
+    table = ShadowOpTable(checked, reference)
+    x, state = torch.ones(4), torch.zeros(2)
+    out = table.scale(x, state)
+    assert torch.equal(out, x * 2.0), "follow='reference' returns the reference's output"
+    assert torch.equal(state, torch.ones(2)), "and leaves the reference's in-place writes"
+    stats = dict(table.report())
+    assert stats["scale"].calls == 1
+    assert stats["scale"].max_rel == pytest.approx(0.5)   # the state: 1.5 vs 1.0
+    assert "arg" in stats["scale"].worst
+    table.topk_slots(x)
+    assert table.stats["topk_slots"].max_rel == 0.0, "top-k slots compare as sets per row"
+
+
+def test_shadow_can_follow_the_checked_backend():
+    checked, reference = _tables()
+    table = ShadowOpTable(checked, reference, follow="checked")
+    state = torch.zeros(2)
+    out = table.scale(torch.ones(4), state)
+    assert torch.allclose(out, torch.full((4,), 2.001))
+    assert torch.equal(state, torch.full((2,), 1.5))
+    with pytest.raises(ValueError, match="follow"):
+        ShadowOpTable(checked, reference, follow="both")
+
+
+@pytest.mark.gpu
+def test_every_triton_op_matches_torch_in_the_float32_engine(tiny_checkpoint, monkeypatch):
+    device = torch.device("cuda")
+    table = ShadowOpTable(select_ops("triton", device), select_ops("torch", device))
+    monkeypatch.setattr(llm_engine, "select_ops", lambda backend, dev: table)
+    llm = LLM(tiny_checkpoint, block_size=16, dtype="float32", kv_cache_dtype="fp32",
+              kernel_backend="triton", device="cuda", kv_cache_memory=512 << 20)
+    generator = torch.Generator().manual_seed(0)
+    # 1 token, a block boundary, past index_topk (64) so top-k and sparse MLA run
+    prompts = [torch.randint(0, 768, (n,), generator=generator).tolist() for n in (1, 17, 130)]
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    report = table.report()
+    lines = [f"{op}: {s.max_rel:.2e} of max (abs {s.max_abs:.2e}, {s.calls} calls, {s.worst})"
+             for op, s in report]
+    print("\n".join(lines))
+    bad = [line for (op, s), line in zip(report, lines) if s.max_rel > FLOAT32_TOLERANCE]
+    assert not bad, "Triton ops differing from torch in float32:\n" + "\n".join(bad)
