@@ -1,22 +1,29 @@
-"""Compile every Triton kernel of atomk31/triton_kernels for an AMD GPU, with no GPU present.
+"""Compile every Triton kernel of atomk31/triton_kernels for an AMD GPU (or for Hopper), with no
+GPU present.
 
 Run as a script (the compile-check tests start it in a subprocess, one per architecture):
 
     python tests/amd_compile/capture_triton_isa.py gfx950 report.json
+    python tests/amd_compile/capture_triton_isa.py sm90 report.json
 
-How: a stand-in triton driver reports ``GPUTarget("hip", ARCH, 64)`` as the current device,
+How: a stand-in triton driver reports ``GPUTarget("hip", ARCH, 64)`` (``GPUTarget("cuda", 90,
+32)`` for sm90) as the current device,
 so each ``kernel[grid](...)`` of a launcher compiles for that architecture exactly as a real
 launch would (same argument specialisation, same constexprs and options); loading and
 launching are no-ops. The launchers are called with small CPU tensors from
 ``triton_launch_examples.EXAMPLES``; the kernels' outputs are garbage, only the compiled
 ISA is kept. The report lists, per compiled kernel: its name, the example that reached it,
 whether the AMD assembly holds MFMA instructions, VGPR/AGPR/SGPR counts, spills, private
-(scratch) segment size and LDS bytes; and, per example, an error if the launcher failed.
+(scratch) segment size and LDS bytes (for sm90: the PTX's tensor-core instructions and the
+cubin's registers and stack bytes, read with the cuobjdump that ships with triton); and, per
+example, an error if the launcher failed.
 """
 
 import json
 import re
+import subprocess
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 
@@ -24,7 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-LDS_BYTES = {"gfx950": 160 * 1024, "gfx942": 64 * 1024}
+LDS_BYTES = {"gfx950": 160 * 1024, "gfx942": 64 * 1024, "sm90": 227 * 1024}
+WARP_SIZE = {"sm90": 32}
 
 
 class _NoOpLauncher:
@@ -44,17 +52,19 @@ class _Utils:
 
     def get_device_properties(self, device: int) -> dict:
         return {"max_shared_mem": LDS_BYTES.get(self.arch, 64 * 1024), "multiprocessor_count": 256,
-                "max_num_regs": 512, "warpSize": 64, "sm_clock_rate": 2400000,
+                "max_num_regs": 512, "warpSize": WARP_SIZE.get(self.arch, 64),
+                "sm_clock_rate": 2400000,
                 "mem_clock_rate": 2600000, "mem_bus_width": 8192, "arch": self.arch}
 
 
 class CompileOnlyDriver:
-    """A triton driver whose device is an AMD GPU of ``arch`` that never runs anything."""
+    """A triton driver whose device is an AMD GPU of ``arch`` (or Hopper, "sm90") that never
+    runs anything."""
 
     def __init__(self, arch: str) -> None:
         from triton.backends.compiler import GPUTarget
 
-        self.target = GPUTarget("hip", arch, 64)
+        self.target = GPUTarget("cuda", 90, 32) if arch == "sm90" else GPUTarget("hip", arch, 64)
         self.utils = _Utils(arch)
         self.launcher_cls = _NoOpLauncher
 
@@ -114,6 +124,29 @@ def isa_summary(compiled: object) -> dict:
     }
 
 
+def sass_summary(compiled: object) -> dict:
+    """Tensor-core instructions in the PTX; registers and stack bytes (spills) of the cubin."""
+    import triton
+
+    ptx = compiled.asm.get("ptx", "")
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", cubin.name],
+                               capture_output=True, text=True, check=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
+    if found is None:
+        raise RuntimeError(f"no resource usage in cuobjdump's output: {usage[:500]}")
+    return {
+        "mma": sorted(set(re.findall(r"\b(wgmma\.mma_async|mma\.sync)", ptx))),
+        "registers": int(found.group(1)), "stack_bytes": int(found.group(2)),
+        "local_bytes": int(found.group(4)),
+        "shared_bytes": int(getattr(compiled.metadata, "shared", 0)),
+        "num_warps": int(compiled.metadata.num_warps),
+    }
+
+
 def capture(arch: str) -> dict:
     import triton
     from triton.runtime.driver import driver
@@ -130,7 +163,8 @@ def capture(arch: str) -> dict:
                           **kwargs: object) -> object:
         kernel = original_compile(src, target=target, options=options, **kwargs)
         name = getattr(getattr(src, "fn", None), "__name__", str(src))
-        compiled.append({"kernel": name, "example": current["example"], **isa_summary(kernel)})
+        summary = sass_summary(kernel) if arch == "sm90" else isa_summary(kernel)
+        compiled.append({"kernel": name, "example": current["example"], **summary})
         return kernel
 
     # JITFunction.create_binder reads `compile` from triton.compiler at first launch.

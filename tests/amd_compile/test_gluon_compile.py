@@ -9,40 +9,25 @@ TRITON_INTERPRET, which the test session sets and under which the kernels' helpe
 compiled; only the example list is read in this process.
 """
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from gluon_kernels import indexer_score, radix_topk
 from gluon_kernels.targets import target_for_arch
+from amd_compile.capture import capture_reports
 from amd_compile.isa import check_no_scratch, check_registers, instructions, register_report
 
 KERNEL_MODULES = [indexer_score, radix_topk]
 AMD_ARCHS = ["gfx950", "gfx942"]
 SCRIPT = Path(__file__).with_name("capture_gluon_isa.py")
-CAPTURE_TIMEOUT_S = 600
 
 
 @pytest.fixture(scope="module")
 def assembly(tmp_path_factory) -> dict[str, dict[str, dict[str, str]]]:
     """{arch: {example name: {"asm": text} or {"error": text}}} for gfx950, gfx942, sm90."""
-    out_dir = tmp_path_factory.mktemp("gluon_isa")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    processes = {arch: subprocess.Popen([sys.executable, str(SCRIPT), arch,
-                                         str(out_dir / f"{arch}.json")],
-                                        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                 for arch in (*AMD_ARCHS, "sm90")}
-    results = {}
-    for arch, process in processes.items():
-        output, _ = process.communicate(timeout=CAPTURE_TIMEOUT_S)
-        assert process.returncode == 0, (
-            f"gluon capture for {arch} failed:\n{output.decode(errors='replace')[-3000:]}")
-        results[arch] = json.loads((out_dir / f"{arch}.json").read_text())
-    return results
+    return capture_reports((*AMD_ARCHS, "sm90"), tmp_path_factory.mktemp("gluon_isa"),
+                           script=SCRIPT)
 
 
 def _asm(assembly: dict, arch: str, name: str) -> str:

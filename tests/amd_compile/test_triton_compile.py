@@ -13,20 +13,15 @@ reason. They are strict xfails: when a kernel is fixed its test fails as XPASS, 
 entry must go.
 """
 
-import inspect
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from amd_compile.capture import calls_dot, capture_reports, compiled_by
 from amd_compile.isa import TWO_WAVES_PER_SIMD, unified_vgprs
 
-SCRIPT = Path(__file__).with_name("capture_triton_isa.py")
 ARCHS = ("gfx950", "gfx942")
-CAPTURE_TIMEOUT_S = 600
 
 # Kernels designed for fewer waves per SIMD than two (none yet).
 REGISTER_BUDGET: dict[str, int] = {}
@@ -54,21 +49,7 @@ KNOWN_FAILURES: dict[tuple[str, str], str] = {
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory) -> dict[str, dict]:
     """Run the capture for every architecture in parallel; {arch: report}."""
-    out_dir = tmp_path_factory.mktemp("triton_isa")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    repo = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
-    processes = {arch: subprocess.Popen([sys.executable, str(SCRIPT), arch,
-                                         str(out_dir / f"{arch}.json")],
-                                        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                 for arch in ARCHS}
-    results = {}
-    for arch, process in processes.items():
-        output, _ = process.communicate(timeout=CAPTURE_TIMEOUT_S)
-        assert process.returncode == 0, (
-            f"capture for {arch} failed:\n{output.decode(errors='replace')[-3000:]}")
-        results[arch] = json.loads((out_dir / f"{arch}.json").read_text())
-    return results
+    return capture_reports(ARCHS, tmp_path_factory.mktemp("triton_isa"))
 
 
 def _known_failure(arch: str, example: str) -> str | None:
@@ -108,14 +89,9 @@ def test_known_failures_name_existing_examples():
 
 @pytest.mark.parametrize("arch, example", _cases())
 def test_triton_launcher_compiles_for_amd(reports, arch, example):
-    report = reports[arch]
-    assert example not in report["errors"], f"{example} on {arch}: {report['errors'][example]}"
-    compiled = [c for c in report["compiled"] if c["example"] == example]
-    if not compiled:
-        pytest.skip(f"{example} compiles nothing on {arch} (not applicable there)")
-    for kernel in compiled:
+    for kernel in compiled_by(reports[arch], arch, example):
         name = f"{kernel['kernel']} ({example}) on {arch}"
-        if _calls_dot(kernel["kernel"]):
+        if calls_dot(kernel["kernel"]):
             assert kernel["mfma"], f"{name}: multiplies matrices (tl.dot) but has no MFMA"
         scaled_kernels = SCALED_MFMA_EXAMPLES.get(arch, {}).get(example, set())
         if scaled_kernels is None or kernel["kernel"] in scaled_kernels:
@@ -130,32 +106,3 @@ def test_triton_launcher_compiles_for_amd(reports, arch, example):
         budget = REGISTER_BUDGET.get(kernel["kernel"], TWO_WAVES_PER_SIMD)
         used = unified_vgprs(kernel)
         assert used <= budget, f"{name}: {used} VGPRs (arch + AGPR) per lane, budget {budget}"
-
-
-def _calls_dot(kernel_name: str) -> bool:
-    """Whether the kernel multiplies matrices: its source, or that of a JIT helper of its
-    module it calls (transitively), has tl.dot / tl.dot_scaled."""
-    import importlib
-    import pkgutil
-
-    import atomk31.triton_kernels as package
-
-    for info in pkgutil.iter_modules(package.__path__):
-        module = importlib.import_module(f"{package.__name__}.{info.name}")
-        if kernel_name not in vars(module):
-            continue
-        sources = {name: inspect.getsource(getattr(value, "fn", value))
-                   for name, value in vars(module).items()
-                   if hasattr(value, "fn") and getattr(value, "__module__", None) ==
-                   module.__name__}
-        seen, pending = set(), [kernel_name]
-        while pending:
-            name = pending.pop()
-            if name in seen or name not in sources:
-                continue
-            seen.add(name)
-            if "tl.dot(" in sources[name] or "tl.dot_scaled(" in sources[name]:
-                return True
-            pending += [other for other in sources if f"{other}(" in sources[name]]
-        return False
-    return False

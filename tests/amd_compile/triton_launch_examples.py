@@ -87,8 +87,9 @@ def kv_write(index_format: str, latent_dtype: torch.dtype) -> Callable[[], None]
     return run
 
 
-def _kda_inputs(shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
-    q, k, v = (torch.randn(*shape, HEAD_DIM, dtype=torch.bfloat16) for _ in range(3))
+def _kda_inputs(shape: tuple[int, ...],
+                dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, ...]:
+    q, k, v = (torch.randn(*shape, HEAD_DIM, dtype=dtype) for _ in range(3))
     g = -torch.rand(*shape, HEAD_DIM)
     beta = torch.rand(*shape)
     return q, k, v, g, beta
@@ -110,10 +111,18 @@ def kda_verify() -> None:
                       HEAD_DIM ** -0.5)
 
 
-def kda_prefill() -> None:
+def kda_prefill(dtype: torch.dtype = torch.bfloat16) -> Callable[[], None]:
+    """The launcher's default path for ``dtype`` (CUDA: BF16 takes the two-kernel intra stage,
+    float32 the exact single kernel)."""
+    def run() -> None:
+        _kda_prefill(dtype)
+    return run
+
+
+def _kda_prefill(dtype: torch.dtype) -> None:
     from atomk31.triton_kernels.kda_prefill import kda_prefill_triton
 
-    q, k, v, g, beta = _kda_inputs((100, KDA_HEADS))
+    q, k, v, g, beta = _kda_inputs((100, KDA_HEADS), dtype)
     kda_prefill_triton(q, k, v, g, beta, torch.zeros(2, KDA_HEADS, HEAD_DIM, HEAD_DIM),
                        torch.tensor([0, 70, 100], dtype=torch.int32), HEAD_DIM ** -0.5,
                        snapshot_at=torch.tensor([[0, 64]]))
@@ -325,6 +334,20 @@ def sparse_mla() -> None:
                       latent_cache, 1.0, slots, 576 ** -0.5, num_splits=2)
 
 
+def sparse_mla_model_heads(num_rows: int) -> Callable[[], None]:
+    """The model's decode shape: 96 heads, 2048 selected rows of an FP8 latent, with the
+    launcher's own tiles (on CUDA: 16 rows take the few-row layout, 64 the value split)."""
+    def run() -> None:
+        from atomk31.triton_kernels.sparse_mla import sparse_mla_triton
+
+        num_blocks, block_size = 32, 128
+        latent_cache = torch.zeros(num_blocks, block_size, 576, dtype=_fp8_dtype())
+        slots = torch.randint(0, num_blocks * block_size, (num_rows, 2048))
+        sparse_mla_triton(torch.randn(num_rows, 96, 576, dtype=torch.bfloat16), latent_cache,
+                          1.0, slots, 192 ** -0.5)
+    return run
+
+
 def dense_mla() -> None:
     from atomk31.triton_kernels.dense_mla import dense_mla_triton
 
@@ -384,7 +407,8 @@ EXAMPLES: dict[str, Callable[[], None]] = {
     "kv_write[fp8 latent, mxfp4 keys]": kv_write("mxfp4", torch.float8_e4m3fn),
     "kda_decode": kda_decode,
     "kda_verify": kda_verify,
-    "kda_prefill": kda_prefill,
+    "kda_prefill": kda_prefill(),
+    "kda_prefill[float32]": kda_prefill(torch.float32),
     "kda_prefill[two-kernel intra]": kda_prefill_two_kernel_intra,
     "kda_prefill[column-block scores]": kda_prefill_column_scores,
     "short_conv": short_conv,
@@ -410,6 +434,8 @@ EXAMPLES: dict[str, Callable[[], None]] = {
     "sparse_mla[fp8 cache]": sparse_mla,
     "dense_mla": dense_mla,
     "sparse_mla[fp16 products]": sparse_mla_fp16,
+    "sparse_mla[96 heads, 16 rows]": sparse_mla_model_heads(16),
+    "sparse_mla[96 heads, 64 rows]": sparse_mla_model_heads(64),
     "topk": topk(with_slots=False),
     "topk[slots]": topk(with_slots=True),
     "topk[lane collect]": topk(with_slots=False, collect="lane"),
