@@ -4,8 +4,7 @@ Contract: `atomk31.ops.topk` (`topk_positions`, and `topk_slots` = positions_to_
 the k best positions of each row, higher score first, equal scores -> lower position (§4.6,
 §8 #6), -0.0 equal to +0.0 (§9 #6), rows shorter than k padded with -1.
 
-Stages (kernels in topk_collect.py, topk_warp_collect.py, topk_finish.py and
-topk_sort_finish.py):
+Stages (kernels in topk_collect.py, topk_warp_collect.py and topk_finish.py):
   1. topk_group_max_kernel: per-chunk maxima of NUM_GROUPS strided groups of each row;
   2. topk_threshold_kernel (one program per row): T0, the need-th largest group maximum
      (or, with `threshold_slack`, a key a little below it found in fewer search rounds);
@@ -14,11 +13,11 @@ topk_sort_finish.py):
      topk_warp_collect_kernel (one-warp programs, many per multiprocessor); "lane",
      topk_lane_collect_kernel (the same in a third of the instructions); "stream",
      topk_stream_collect_kernel (round 2's final default); "round2", topk_collect_kernel;
-  4. the finish: `finish="select"`, topk_overflow_kernel (a row whose candidates overflow
-     the buffer rescans its row; other rows return at once), then topk_finish_kernel
-     (`finish_split` programs per row, each ranking one slice of the output after a search
-     for its boundary ranks); "sort", topk_sort_finish_kernel (one program per row: the
-     overflow rescan where needed, on NVIDIA, then one sort of all the row's candidates).
+  4. the finish: topk_overflow_kernel (a row whose candidates overflow the buffer rescans
+     its row; other rows return at once), then topk_finish_kernel (`finish_split` programs
+     per row, each ranking one slice of the output after a search for its boundary ranks).
+     One tl.sort of all of a row's candidates instead was measured slower on the H200 in
+     every case (e.g. 101 vs 92 us at 64 x 128K) and is gone.
 No host synchronisation and no memset: stage 1 zeroes the counters stage 3 uses, and all
 workspaces share one allocation. The candidate buffer holds positions and raw score bits.
 """
@@ -40,7 +39,6 @@ from atomk31.triton_kernels.topk_collect import (
     topk_threshold_kernel,
 )
 from atomk31.triton_kernels.topk_finish import topk_finish_kernel, topk_overflow_kernel
-from atomk31.triton_kernels.topk_sort_finish import topk_sort_finish_kernel
 from atomk31.triton_kernels.topk_warp_collect import (
     topk_lane_collect_kernel,
     topk_warp_collect_kernel,
@@ -49,7 +47,6 @@ from atomk31.triton_kernels.topk_warp_collect import (
 MAX_K = 4096  # the candidate buffer of a row (2 k) is held in one program
 BLOCK = 4096  # positions per tile of round 2's collect and of the overflow rescan
 COLLECTS = ("warp", "lane", "stream", "round2")
-FINISHES = ("sort", "select")
 # Per collect: (programs per multiprocessor, positions per tile, warps) unless given.
 # The lane collect's tile is 8 scores per thread: 256 num_warps (collect_block is ignored).
 COLLECT_DEFAULTS = {"warp": (16, 256, 1), "lane": (16, 256, 1), "stream": (4, 2048, 4),
@@ -81,8 +78,6 @@ def topk_triton(
     collect_block: int | None = None,
     stream_warps: int | None = None,
     stream_stages: int = 8,
-    finish: str = "select",
-    fused_rescan: bool | None = None,
     stages: int = 5,
 ) -> torch.Tensor:
     """Positions [Nq, k] int32 of each row's k best scores (or their cache slots when
@@ -108,15 +103,12 @@ def topk_triton(
     `stream_warps` warps per program (defaults per collect: COLLECT_DEFAULTS; round 2's
     collect runs on stage 1's grid), `stream_stages` (the warp and lane collects' loads in
     flight, in tiles, through Triton's pipeliner; 1 for the warp collect: the next tile's
-    load issued by hand), `finish` ("select" or "sort": all candidates in one sort, 80 us
-    at 16 warps on the H200 against the select finish's 44), `fused_rescan` (the sort finish
-    rescans overflowing rows itself instead of topk_overflow_kernel before it; default: on
-    NVIDIA; gfx950 spills scalar registers with it), `group_max_prefetch` (stage 1 loads its
+    load issued by hand), `group_max_prefetch` (stage 1 loads its
     next tile while reducing the current one, by hand), `group_max_stages` (else stage 1's
     loads pipelined that many tiles deep; 1: not), `threshold_parts` (stage 2 merges that many
     chunks' maxima per load, a power of two; 1: round 2's one chunk at a time).
     `stages` < 5 launches only the first stages (for timing them; the output is then not
-    written; the fused sort finish is stage 5 alone).
+    written).
     """
     if scores.dim() != 2 or scores.dtype != torch.float32:
         raise ValueError(f"scores must be [Nq, L] float32, got {list(scores.shape)} "
@@ -136,8 +128,6 @@ def topk_triton(
         raise ValueError(f"capacity_factor must be 1, 2 or 4, got {capacity_factor}")
     if collect not in COLLECTS:
         raise ValueError(f"collect must be one of {COLLECTS}, got {collect!r}")
-    if finish not in FINISHES:
-        raise ValueError(f"finish must be one of {FINISHES}, got {finish!r}")
     default_programs_per_sm, default_block, default_warps = COLLECT_DEFAULTS[collect]
     collect_programs_per_sm = collect_programs_per_sm or default_programs_per_sm
     collect_block = collect_block or default_block
@@ -224,24 +214,12 @@ def topk_triton(
     else:
         table, requests, max_blocks = lengths, lengths, 0  # unused placeholders
     table_stride = table.stride(0) if write_slots else 0
-    if fused_rescan is None:
-        fused_rescan = scores.device.type == "cuda" and torch.version.hip is None
-    is_fused = finish == "sort" and fused_rescan
     if stages < 4:
         return out
-    if not is_fused:
-        topk_overflow_kernel[(num_rows,)](
-            scores, lengths, counter, threshold, candidate_pos, candidate_bits, k,
-            scores.stride(0), CAPACITY=capacity, BLOCK=block, num_warps=finish_warps)
+    topk_overflow_kernel[(num_rows,)](
+        scores, lengths, counter, threshold, candidate_pos, candidate_bits, k,
+        scores.stride(0), CAPACITY=capacity, BLOCK=block, num_warps=finish_warps)
     if stages < 5:
-        return out
-    if finish == "sort":
-        topk_sort_finish_kernel[(num_rows,)](
-            scores, lengths, counter, threshold, candidate_pos, candidate_bits, table,
-            requests, out, k, scores.stride(0), max_blocks, table_stride,
-            CAPACITY=capacity, BLOCK=block, WRITE_SLOTS=write_slots,
-            BLOCK_SHIFT=block_size.bit_length() - 1 if write_slots else 0,
-            RESCAN=is_fused, num_warps=finish_warps)
         return out
     slice_size = max(MIN_SLICE, k_pad // finish_split)
     ways = max(2, search_ways)

@@ -10,9 +10,8 @@ stay in L2 between replays where they fit, as after the indexer that writes them
 default launch, round 2's and the lane collect are also timed as round 2 did (`time_ms` of a
 graph replay: L2 flushed before each), eagerly, and stage by stage (cumulative graph times of
 the first stages alone; "all" is the whole launch). Variants: "r2" is round 2's final launch;
-"lane", "fwarps32" (the select finish and stage 2 at 32 warps), their combination and
-"sort32" (one sort of all candidates at 32 warps) are what a default may move to; the
-others change one option of the defaults. Ratios: torch.topk time over ours (same timing),
+"lane", "fwarps32" (the select finish and stage 2 at 32 warps) and their combination are
+what a default may move to; the others change one option of the defaults. Ratios: torch.topk time over ours (same timing),
 and the scores' bytes read once per time over the copy bandwidth of the same run.
 
 Usage: python -m benchmarks.kernels.bench_topk [--out DIR] [--quick] [--cases ...]
@@ -48,7 +47,7 @@ QUICK_CASES = ["normal_128K", "normal_1M", "equal_128K", "rising_128K"]
 ROUND2_US = {"normal_128K": 124.8, "normal_1M": 475.0, "equal_128K": 126.9,
              "rising_128K": 93.7}
 # Round 2's final launch (the launcher's defaults then).
-R2 = {"collect": "stream", "finish": "select", "threshold_slack": -1, "group_max_stages": 1,
+R2 = {"collect": "stream", "threshold_slack": -1, "group_max_stages": 1,
       "programs_per_row": "x2"}
 # Timed on every case: the defaults, round 2's launch, and the variants a default may move to.
 MAIN_VARIANTS = {
@@ -57,7 +56,6 @@ MAIN_VARIANTS = {
     "lane": {"collect": "lane"},
     "fwarps32": {"finish_warps": 32},
     "lane+fwarps32": {"collect": "lane", "finish_warps": 32},
-    "sort32": {"finish": "sort", "finish_warps": 32},
 }
 # Timed on the normal cases only: one option of the defaults changed.
 TUNING_VARIANTS = {

@@ -359,10 +359,10 @@ def dense_mla() -> None:
                      block_size, 576 ** -0.5, rows_per_request=4)
 
 
-def topk(with_slots: bool, collect: str = "warp", group_max_prefetch: bool = False,
-         finish: str = "select") -> Callable[[], None]:
-    """Top-k of three rows (1, 3000 and 5000 long); `collect` / `group_max_prefetch` / `finish`
-    reach the non-default stage kernels."""
+def topk(with_slots: bool, collect: str = "warp",
+         group_max_prefetch: bool = False) -> Callable[[], None]:
+    """Top-k of three rows (1, 3000 and 5000 long); `collect` / `group_max_prefetch` reach the
+    non-default stage kernels."""
     def run() -> None:
         from atomk31.triton_kernels.topk import topk_triton
 
@@ -372,7 +372,7 @@ def topk(with_slots: bool, collect: str = "warp", group_max_prefetch: bool = Fal
             num_blocks = (num_positions + block_size - 1) // block_size
             topk_triton(torch.randn(num_rows, num_positions), 2048, lengths,
                         torch.arange(num_blocks, dtype=torch.int32)[None],
-                        torch.zeros(num_rows, dtype=torch.int32), block_size, finish=finish)
+                        torch.zeros(num_rows, dtype=torch.int32), block_size)
         else:
             topk_triton(torch.randn(num_rows, num_positions), 2048, lengths, collect=collect,
                         group_max_prefetch=group_max_prefetch)
@@ -440,7 +440,6 @@ EXAMPLES: dict[str, Callable[[], None]] = {
     "topk[slots]": topk(with_slots=True),
     "topk[lane collect]": topk(with_slots=False, collect="lane"),
     "topk[stream collect]": topk(with_slots=False, collect="stream"),
-    "topk[sort finish]": topk(with_slots=True, finish="sort"),
     "topk[round2 collect, stage 1 prefetch]": topk(with_slots=False, collect="round2",
                                                    group_max_prefetch=True),
 }

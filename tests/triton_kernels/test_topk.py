@@ -116,39 +116,20 @@ def test_topk_triton_interpreter_collect_variants(interpreted, options):
     assert torch.equal(got, topk_positions_torch(scores, 40, lengths))
 
 
-# The finish that sorts all candidates in one launch (the overflow rescan inside it, as on
-# NVIDIA; measured slower than the select finish at 16 warps, not at 32).
-SORT_FINISH = {"finish": "sort", "fused_rescan": True}
-
-
-@pytest.mark.parametrize("case", ["ties_L300_k40", "k_above_L_k50_L33", "all_equal_L500_k100",
-                                  "just_over_k_L129_k128"])
-def test_topk_triton_interpreter_sort_finish_matches_torch(interpreted, case):
-    # all_equal overflows the buffer of its long row: the sort finish rescans that row.
-    num_rows, length, k, levels, lengths = CASES[case]
-    scores = make_scores(num_rows, length, levels, seed=len(case))
-    lengths = torch.tensor(lengths, dtype=torch.int64)
-    got = interpreted.topk_triton(scores, k, lengths, programs_per_row=3, **SORT_FINISH)
-    assert torch.equal(got, topk_positions_torch(scores, k, lengths))
-
-
 @pytest.mark.parametrize("options", [{"collect_programs_per_sm": 64}, {"capacity_factor": 1},
-                                     {"capacity_factor": 1, "fused_rescan": False},
                                      {"threshold_slack": 0, "collect_block": 32,
                                       "stream_stages": 1}],
-                         ids=["warp_64_per_sm", "sort_capacity1", "sort_capacity1_unfused",
-                              "slack0_block32_prefetch1"])
-def test_topk_triton_interpreter_sort_finish_variants(interpreted, options):
+                         ids=["warp_64_per_sm", "capacity1", "slack0_block32_prefetch1"])
+def test_topk_triton_interpreter_ties_and_overflow_variants(interpreted, options):
     # Rising and falling scores with runs of ties (row 2 flipped), a -inf tail (row 1), short
     # rows: many warp programs (some past a row's end), a buffer of k that every row overflows
-    # (the sort finish's rescan, bisecting; or topk_overflow_kernel's before it, as on AMD),
-    # the exact threshold with a tile of 32 and the next tile's load issued by hand.
+    # (topk_overflow_kernel's rescan), the exact threshold with a tile of 32 and the next
+    # tile's load issued by hand.
     scores = (torch.arange(301) // 3).float()[None].repeat(3, 1)
     scores[1, 120:] = -torch.inf
     scores[2] = scores[2].flip(0)
     lengths = torch.tensor([301, 200, 45])
-    got = interpreted.topk_triton(scores, 40, lengths, programs_per_row=2,
-                                  **{**SORT_FINISH, **options})
+    got = interpreted.topk_triton(scores, 40, lengths, programs_per_row=2, **options)
     assert torch.equal(got, topk_positions_torch(scores, 40, lengths))
 
 
@@ -164,27 +145,6 @@ def test_topk_triton_interpreter_lane_collect(interpreted, options):
     got = interpreted.topk_triton(scores, 40, lengths, collect="lane", threshold_slack=8,
                                   **{"programs_per_row": 2, **options})
     assert torch.equal(got, topk_positions_torch(scores, 40, lengths))
-
-
-def test_topk_triton_interpreter_sort_finish_writes_slots(interpreted):
-    generator = torch.Generator().manual_seed(4)
-    block_size, length, k = 8, 70, 24
-    scores = make_scores(3, length, 0, seed=4)
-    lengths = torch.tensor([70, 30, 3])
-    block_table = torch.randperm(30, generator=generator)[:27].view(3, 9).int()
-    block_table[0, 2] = -1
-    row_request = torch.tensor([2, 0, 1], dtype=torch.int32)
-    got = interpreted.topk_triton(scores, k, lengths, block_table, row_request, block_size,
-                                  **SORT_FINISH)
-    want = positions_to_slots_torch(topk_positions_torch(scores, k, lengths), block_table,
-                                    row_request, block_size)
-    assert torch.equal(got, want)
-
-
-def test_topk_triton_rejects_unknown_finish(interpreted):
-    with pytest.raises(ValueError, match=r"finish must be one of \('sort', 'select'\), "
-                                         r"got 'merge'"):
-        interpreted.topk_triton(torch.zeros(1, 5), 2, torch.tensor([5]), finish="merge")
 
 
 def test_topk_triton_interpreter_writes_slots(interpreted):
@@ -231,8 +191,7 @@ def test_topk_triton_rejects_block_size_not_power_of_two(interpreted):
 
 # The launches the final H200 run measures beside the default (a default may move to one).
 GPU_PIPELINES = {"lane": {"collect": "lane"}, "fwarps32": {"finish_warps": 32},
-                 "lane_fwarps32": {"collect": "lane", "finish_warps": 32},
-                 "sort32": {**SORT_FINISH, "finish_warps": 32}}
+                 "lane_fwarps32": {"collect": "lane", "finish_warps": 32}}
 
 
 def mixed_rows(length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -315,10 +274,9 @@ def test_topk_triton_gpu_writes_slots(length, pipeline):
 @pytest.mark.parametrize("options", [{"threshold_slack": -1}, {"group_max_stages": 1},
                                      {"collect": "lane", "collect_programs_per_sm": 32},
                                      {"collect": "lane", "stream_stages": 4},
-                                     {"stream_stages": 1}, {**SORT_FINISH, "fused_rescan": False},
-                                     {**SORT_FINISH, "finish_warps": 16}],
+                                     {"stream_stages": 1}],
                          ids=["exact_threshold", "group_max_stages1", "lane_32_per_sm",
-                              "lane_stages4", "warp_prefetch1", "sort_unfused", "sort16"])
+                              "lane_stages4", "warp_prefetch1"])
 def test_topk_triton_gpu_tuning_variants(options):
     from atomk31.triton_kernels.topk import topk_triton
 
