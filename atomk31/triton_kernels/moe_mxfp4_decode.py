@@ -60,10 +60,8 @@ def e8m0_bf16x2_factor(b_scales):
 # multiplies, by 2^126 (the decode's offset) and by the group's factor. One invocation per word:
 # $0..$3 the scaled pairs, $4 the word, $5 the factor. 13 integer ops + 8 multiplies for 8
 # weights (Hopper: the integer ops share the ALU pipe with the multiplies' FMA pipe).
-E2M1_WORD_PAIRS_PTX = tl.constexpr("""
-{
-.reg .b32 w, k, t0, t1, t2, t3;
-mov.b32 k, 0x7E807E80;
+# e2m1_word_pairs in PTX: the 4 pairs of word $4 in registers t0..t3.
+_WORD_PAIRS_DECODE = """
 shr.u32 w, $4, 8;
 and.b32 t0, $4, 0x000F000F;
 and.b32 t1, $4, 0x00F000F0;
@@ -77,16 +75,16 @@ and.b32 t0, t0, 0x81C081C0;
 and.b32 t1, t1, 0x81C081C0;
 and.b32 t2, t2, 0x81C081C0;
 and.b32 t3, t3, 0x81C081C0;
-mul.rn.bf16x2 t0, t0, k;
-mul.rn.bf16x2 t1, t1, k;
-mul.rn.bf16x2 t2, t2, k;
-mul.rn.bf16x2 t3, t3, k;
+"""
+_TIMES_FACTOR = """
 mul.rn.bf16x2 $0, t0, $5;
 mul.rn.bf16x2 $1, t1, $5;
 mul.rn.bf16x2 $2, t2, $5;
 mul.rn.bf16x2 $3, t3, $5;
-}
-""")
+"""
+E2M1_WORD_PAIRS_PTX = tl.constexpr(
+    "{\n.reg .b32 w, k, t0, t1, t2, t3;\nmov.b32 k, 0x7E807E80;" + _WORD_PAIRS_DECODE
+    + "".join(f"mul.rn.bf16x2 t{i}, t{i}, k;\n" for i in range(4)) + _TIMES_FACTOR + "}\n")
 
 
 # The same with ONE multiply per pair, by 2^(s - 1 - ONE_FACTOR_SHIFT) (the 2^126 folded in):
@@ -94,28 +92,8 @@ mul.rn.bf16x2 $3, t3, $5;
 # for E8M0 bytes in 59..192 (weights' group scales 2^-68 .. 2^65): the factor must be a BF16
 # (s <= 192) and the smallest weight 0.5 * 2^(s-127-64) no smaller than BF16's 2^-133.
 ONE_FACTOR_SHIFT = tl.constexpr(64)
-E2M1_WORD_PAIRS_ONE_FACTOR_PTX = tl.constexpr("""
-{
-.reg .b32 w, t0, t1, t2, t3;
-shr.u32 w, $4, 8;
-and.b32 t0, $4, 0x000F000F;
-and.b32 t1, $4, 0x00F000F0;
-and.b32 t2, w, 0x000F000F;
-and.b32 t3, w, 0x00F000F0;
-mul.lo.u32 t0, t0, 0x1040;
-mul.lo.u32 t1, t1, 0x0104;
-mul.lo.u32 t2, t2, 0x1040;
-mul.lo.u32 t3, t3, 0x0104;
-and.b32 t0, t0, 0x81C081C0;
-and.b32 t1, t1, 0x81C081C0;
-and.b32 t2, t2, 0x81C081C0;
-and.b32 t3, t3, 0x81C081C0;
-mul.rn.bf16x2 $0, t0, $5;
-mul.rn.bf16x2 $1, t1, $5;
-mul.rn.bf16x2 $2, t2, $5;
-mul.rn.bf16x2 $3, t3, $5;
-}
-""")
+E2M1_WORD_PAIRS_ONE_FACTOR_PTX = tl.constexpr(
+    "{\n.reg .b32 w, t0, t1, t2, t3;" + _WORD_PAIRS_DECODE + _TIMES_FACTOR + "}\n")
 
 
 @triton.jit

@@ -29,7 +29,7 @@ from atomk31.triton_kernels.ptpc_fp8_config import (  # noqa: F401 (the config A
     INTERPRETER_CONFIG, GemmConfig, GemmTarget, current_target, pick_config_for_target,
     split_k_to_fill,
 )
-from atomk31.triton_kernels.ptpc_fp8_tma import can_use_tma, launch_ptpc_gemm_tma
+from atomk31.triton_kernels.ptpc_fp8_tma import can_use_tma, launch_ptpc_gemm_tma, store_scaled
 from atomk31.triton_kernels.runtime import runs_on_interpreter
 
 # §6.5: the dynamic per-token activation scale floors amax at 1e-12.
@@ -131,15 +131,7 @@ def ptpc_gemm_kernel(
             # Triton adds the wgmma partial into the fp32 accumulator (None: never, the
             # default on sm_90). Other targets ignore it.
             b_acc = tl.dot(b_a, tl.trans(b_b), b_acc, max_num_imprecise_acc=PROMOTE_EVERY)
-    b_a_scale = tl.load(a_scale_ptr + o_m, mask=m_m, other=0.0)
-    b_b_scale = tl.load(b_scale_ptr + o_n, mask=m_n, other=0.0)
-    b_c = b_acc * b_a_scale[:, None] * b_b_scale[None, :]
-    p_c = c_ptr + o_m.to(tl.int64)[:, None] * stride_c + o_n[None, :]
-    m_c = m_m[:, None] & m_n[None, :]
-    if SPLIT_K == 1:
-        tl.store(p_c, b_c.to(c_ptr.dtype.element_ty), mask=m_c)
-    else:
-        tl.atomic_add(p_c, b_c, mask=m_c, sem="relaxed")
+    store_scaled(b_acc, a_scale_ptr, b_scale_ptr, c_ptr, M, N, stride_c, o_m, o_n, SPLIT_K)
 
 
 def min_normal_exponent(fp8_dtype: torch.dtype) -> int:

@@ -22,25 +22,14 @@ once, so the round trip is not overlapped).
 import triton
 import triton.language as tl
 
+from atomk31.triton_kernels.topk_collect import append_candidates
+
 
 @triton.jit
 def score_of_key(key):
     """The fp32 score whose orderable key is `key` (the inverse of orderable_key)."""
     bits = key ^ ((key >> 31) & 2147483647)
     return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def append_scores(x, o_s, is_candidate, p_counter, p_pos, p_bits, candidate_capacity):
-    """Append (o_s, bits of x) where is_candidate to a row's buffer: one atomic add reserves
-    room for the tile; a tile without candidates skips it all."""
-    num_candidates = tl.sum(is_candidate.to(tl.int32), 0)
-    if num_candidates > 0:
-        base = tl.atomic_add(p_counter, num_candidates, sem="relaxed")
-        o_out = base + tl.cumsum(is_candidate.to(tl.int32), 0) - 1
-        m_out = is_candidate & (o_out < candidate_capacity)
-        tl.store(p_pos + o_out, o_s, mask=m_out)
-        tl.store(p_bits + o_out, x.to(tl.int32, bitcast=True), mask=m_out)
 
 
 @triton.jit
@@ -75,7 +64,7 @@ def topk_warp_collect_kernel(
     if STAGES > 1:
         for i_tile in tl.range(0, num_full, num_stages=STAGES):
             x = tl.load(p_chunk + i_tile * BLOCK + o_b)
-            append_scores(x, start + i_tile * BLOCK + o_b, x >= threshold, p_counter, p_pos,
+            append_candidates(x, start + i_tile * BLOCK + o_b, x >= threshold, p_counter, p_pos,
                           p_bits, candidate_capacity)
     else:  # by hand: tile i + 1 loads while tile i is filtered
         x = tl.zeros((BLOCK,), tl.float32)
@@ -84,7 +73,7 @@ def topk_warp_collect_kernel(
         for i_tile in range(0, num_full):
             # The last iteration reloads its own tile (in bounds, unmasked), no branch.
             x_next = tl.load(p_chunk + tl.minimum(i_tile + 1, num_full - 1) * BLOCK + o_b)
-            append_scores(x, start + i_tile * BLOCK + o_b, x >= threshold, p_counter, p_pos,
+            append_candidates(x, start + i_tile * BLOCK + o_b, x >= threshold, p_counter, p_pos,
                           p_bits, candidate_capacity)
             x = x_next
     tail = start + num_full * BLOCK
@@ -92,7 +81,7 @@ def topk_warp_collect_kernel(
         o_s = tail + o_b
         m_s = o_s < end
         x = tl.load(p_row + o_s, mask=m_s, other=0.0)
-        append_scores(x, o_s, m_s & (x >= threshold), p_counter, p_pos, p_bits,
+        append_candidates(x, o_s, m_s & (x >= threshold), p_counter, p_pos, p_bits,
                       candidate_capacity)
 
 
