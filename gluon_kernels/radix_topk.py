@@ -13,8 +13,9 @@ histogram with atomics (``radix_histogram_kernel``); then one small program per 
 histogram from the top digit down, fixes the digit that holds the k-th largest key, and
 subtracts the counts above it (``radix_select_kernel``). After the last pass the prefix *is*
 the k-th largest key, and ``radix_gather_kernel`` writes every key >= it (exactly k per row)
-to the row's output with an atomic cursor. The launcher sorts those k keys (torch.sort) to
-return positions best first.
+to the row's output with an atomic cursor, in the atomics' order. The launcher sorts the
+selected positions ascending (torch.sort): the contract's order (`atomk31.ops.topk`), which
+is deterministic where the cursor's order is not.
 """
 
 import torch
@@ -126,7 +127,8 @@ def radix_gather_kernel(
 
 
 def topk_positions_gluon(scores: torch.Tensor, k: int, lengths: torch.Tensor) -> torch.Tensor:
-    """The k best positions per row, best first: int32 [Nq, k] (the `topk_positions` contract)."""
+    """The k best positions per row in ascending order, -1 padded: int32 [Nq, k] (the
+    `topk_positions` contract)."""
     if scores.dim() != 2:
         raise ValueError(f"scores must be [Nq, L], got {list(scores.shape)}")
     num_rows, length = scores.shape
@@ -147,24 +149,22 @@ def topk_positions_gluon(scores: torch.Tensor, k: int, lengths: torch.Tensor) ->
     lengths = lengths.to(torch.int32).contiguous()
     row_k = torch.clamp(lengths, max=k)  # a short row returns all its candidates
     selected = launch_radix_topk(target, scores, lengths, row_k, k)
-    return rank_selected_keys(selected, row_k)
+    return positions_of_selected_keys(selected, row_k)
 
 
-def rank_selected_keys(selected: torch.Tensor, row_k: torch.Tensor) -> torch.Tensor:
-    """Positions [Nq, k] int32, best first, of the selected ranking keys; -1 padded.
+def positions_of_selected_keys(selected: torch.Tensor, row_k: torch.Tensor) -> torch.Tensor:
+    """Positions [Nq, k] int32 of the selected ranking keys in ascending order; -1 padded.
 
     selected [Nq, k] int64 holds uint64 ranking keys (bit patterns) in its first row_k[i]
-    entries, in any order. Keys are distinct, so a descending sort of their unsigned values
-    ranks by score, then lower position (§8 #6). torch sorts int64 as signed: flipping the
-    top bit maps unsigned order onto signed order.
+    entries, in the gather's atomic order. A key's low 32 bits are 2^32 - 1 - position; the
+    positions sort ascending with the unused entries (as 2^31 - 1, above every position) last.
     """
     num_rows, k = selected.shape
     is_taken = torch.arange(k, device=selected.device)[None, :] < row_k[:, None]
-    int64_min = torch.iinfo(torch.int64).min
-    signed_order = torch.where(is_taken, selected ^ int64_min, int64_min)
-    ranked = torch.sort(signed_order, dim=1, descending=True).values
-    positions = (0xFFFFFFFF - (ranked & 0xFFFFFFFF)).to(torch.int32)
-    return torch.where(is_taken, positions, -1)
+    positions = 0xFFFFFFFF - (selected & 0xFFFFFFFF)
+    positions = torch.where(is_taken, positions, torch.iinfo(torch.int32).max)
+    positions = torch.sort(positions, dim=1).values
+    return torch.where(is_taken, positions, -1).to(torch.int32)
 
 
 def launch_radix_topk(

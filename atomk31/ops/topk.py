@@ -6,9 +6,14 @@ topk_positions(scores, k, lengths) -> positions
   scores   [Nq, L] fp32 indexer scores (`indexer_score`); must not hold NaN.
   k        int >= 0 (index_topk, or less for short rows).
   lengths  [Nq] int in [0, L]: row i ranks only scores[i, :lengths[i]].
-  positions [Nq, k] int32, best first: higher score first, equal scores -> lower position
-  (§4.6, §8 #6), -0.0 equal to +0.0 (§9 #6). A row with lengths[i] < k returns all its
-  positions (ranked) and then -1 padding; k > L is allowed. Exact: no tolerance.
+  positions [Nq, k] int32: the set of the row's k best positions (higher score first, equal
+  scores -> lower position, §4.6, §8 #6; -0.0 equal to +0.0, §9 #6) in ASCENDING POSITION
+  order, not best first: no consumer needs the ranking (sparse MLA sums over the selection,
+  softmax is order-free), position order is deterministic (no atomics' order leaks into
+  attention's summation order, so runs and backends stay bit-comparable), and attention then
+  reads the cache in position order as dense attention does. A row with lengths[i] < k
+  returns all its positions (ascending) and then -1 padding; k > L is allowed. Exact: no
+  tolerance.
 
 topk_slots(scores, k, lengths, block_table, row_request, block_size) -> slots
   exactly positions_to_slots(topk_positions(scores, k, lengths), block_table, row_request,
@@ -121,7 +126,8 @@ def group_rows_by_request(
 
 
 def topk_positions_torch(scores: torch.Tensor, k: int, lengths: torch.Tensor) -> torch.Tensor:
-    """The k best positions per row, best first (see module docstring): int32 [Nq, k]."""
+    """The k best positions per row in ascending order, -1 padded (module docstring):
+    int32 [Nq, k]."""
     if scores.dim() != 2:
         raise ValueError(f"scores must be [Nq, L], got {list(scores.shape)}")
     num_rows, length = scores.shape
@@ -141,6 +147,9 @@ def topk_positions_torch(scores: torch.Tensor, k: int, lengths: torch.Tensor) ->
     # real candidates (even at -inf) stay ahead of the padding, which lies at higher positions.
     ranked = torch.where(scores == 0, 0.0, scores.float()).masked_fill(~is_candidate, -torch.inf)
     order = torch.sort(ranked, dim=1, descending=True, stable=True).indices[:, :k]
+    # The selected set in position order: the padding (positions >= length, all at the end)
+    # sorts last as `length` and becomes -1.
+    order = torch.sort(torch.where(order < lengths[:, None], order, length), dim=1).values
     order = torch.where(order < lengths[:, None], order, -1)
     out = torch.full((num_rows, k), -1, dtype=torch.int32, device=scores.device)
     out[:, : order.shape[1]] = order.to(torch.int32)
@@ -155,7 +164,7 @@ def topk_slots_torch(
     row_request: torch.Tensor,
     block_size: int,
 ) -> torch.Tensor:
-    """Cache slots [Nq, k] int32 of each row's top-k positions, best first, -1 padded:
+    """Cache slots [Nq, k] int32 of each row's top-k positions in position order, -1 padded:
     exactly positions_to_slots(topk_positions(scores, k, lengths), ...)."""
     positions = topk_positions_torch(scores, k, lengths)
     return positions_to_slots_torch(positions, block_table, row_request, block_size)

@@ -10,7 +10,8 @@ It plans the chunks on the host, then runs the stages in order:
    ``kda_prefill_gated`` (gated rows, w and u as [64, 64] x [64, BLOCK] matmuls); or
    (``scores_columns``) with the scores as [64, 16] column blocks,
    ``kda_prefill_scores_columns``, before the gated kernel or (``fuse_gated``) with its work
-   in the same program;
+   in the same program; or (``scores_wide``) with [64, 64] accumulators,
+   ``kda_prefill_scores_wide``, before the gated kernel;
 2. ``kda_prefill_state`` (one program per request, head and value block, chunk after
    chunk): the state, the snapshots, and either the output (fused) or, by default, the
    state before each chunk and V' for stage 3;
@@ -29,7 +30,9 @@ product, fp32 accumulation, as fla does) and TF32 in stage 1's scores. Memory: a
 (~0.15 MB per token at H = 96, BF16).
 
 Limits: chunk_size 64 only; each per-token decay g must be >= -5.8 (see kda_prefill_intra.py;
-K3.1's gate floor is -5). Planning reads cu_seqlens and snapshot_at on the host (one sync).
+K3.1's gate floor is -5). Planning reads cu_seqlens and snapshot_at on the host (one sync),
+or (``KdaPrefillTuning.plan_on_device``, no snapshots, at most 1024 requests) runs on the
+GPU without a sync (kda_prefill_plan.py), not checking cu_seqlens' values.
 """
 
 import torch
@@ -40,13 +43,18 @@ from atomk31.triton_kernels.kda_prefill_intra import (
     CHUNK_SIZE, kda_prefill_intra, kda_prefill_intra_kernel,
 )
 from atomk31.triton_kernels.kda_prefill_output import kda_prefill_output
+from atomk31.triton_kernels.kda_prefill_plan import plan_chunks_on_device
 from atomk31.triton_kernels.kda_prefill_scores import kda_prefill_scores
 from atomk31.triton_kernels.kda_prefill_scores_columns import (
     kda_prefill_intra_columns, kda_prefill_scores_columns,
 )
+from atomk31.triton_kernels.kda_prefill_scores_wide import kda_prefill_scores_wide
 from atomk31.triton_kernels.kda_prefill_state import kda_prefill_state
 from atomk31.triton_kernels.kda_prefill_tuning import KdaPrefillTuning
 from atomk31.triton_kernels.runtime import runs_on_interpreter
+
+# The device planner keeps all requests in one program's registers.
+MAX_REQUESTS_PLANNED_ON_DEVICE = 1024
 
 
 def kda_prefill_triton(
@@ -76,17 +84,23 @@ def kda_prefill_triton(
         raise ValueError(f"kda_prefill (triton) supports chunk_size={CHUNK_SIZE} only, got "
                          f"{chunk_size}; use the torch backend for other chunk sizes")
     _check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, snapshot_at)
-    bounds = cu_seqlens.tolist()
-    snapshot_rows = [] if snapshot_at is None else snapshot_at.tolist()
-    _check_bounds(bounds, snapshot_rows, q.shape[0])
-    plan = plan_chunks(bounds, snapshot_rows)
+    tuning = tuning or default_tuning(v.dtype)
     device = q.device
-    table = chunk_table(plan, device)
+    if tuning.plan_on_device and snapshot_at is None \
+            and cu_seqlens.shape[0] <= MAX_REQUESTS_PLANNED_ON_DEVICE + 1:
+        # No host sync (and no check of cu_seqlens' values): kda_prefill_plan.py.
+        table = plan_chunks_on_device(cu_seqlens.to(device), q.shape[0], CHUNK_SIZE)
+        plan, snapshot_rows = {"copies": []}, []
+    else:
+        bounds = cu_seqlens.tolist()
+        snapshot_rows = [] if snapshot_at is None else snapshot_at.tolist()
+        _check_bounds(bounds, snapshot_rows, q.shape[0])
+        plan = plan_chunks(bounds, snapshot_rows)
+        table = chunk_table(plan, device)
     q, k, v = (_token_major(x) for x in (q, k, v))
     g, beta = g.float().contiguous(), beta.float().contiguous()
     if intermediate_dtype is None:
         intermediate_dtype = v.dtype if v.dtype in (torch.bfloat16, torch.float16) else torch.float32
-    tuning = tuning or default_tuning(v.dtype)
     intra = run_intra(q, k, v, g, beta, table["chunk_start"], table["chunk_len"], scale,
                       intermediate_dtype, tuning)
     num_snapshots = len(snapshot_rows)
@@ -120,12 +134,18 @@ def run_intra(
                                          tuning.scores_bf16, tuning.compact_scores,
                                          tuning.gated_block, tuning.bf16_products)
     if tuning.intra_split:
+        # The column blocks first: a tuning that asks for them on top of the CUDA default
+        # (whose scores_wide is set) gets them.
         if tuning.scores_columns:
             scores = kda_prefill_scores_columns(q, k, g, beta, chunk_start, chunk_len, scale,
                                                 tuning.scores_block_k, tuning.scores_num_warps,
                                                 tuning.scores_tf32_solve, tuning.scores_bf16,
                                                 intermediate_dtype if tuning.compact_scores
                                                 else torch.float32)
+        elif tuning.scores_wide:
+            scores = kda_prefill_scores_wide(q, k, g, beta, chunk_start, chunk_len, scale, tuning,
+                                             intermediate_dtype if tuning.compact_scores
+                                             else torch.float32)
         else:
             scores = kda_prefill_scores(q, k, g, beta, chunk_start, chunk_len, scale,
                                         tuning.scores_block_k, tuning.scores_num_warps,
@@ -141,18 +161,22 @@ def run_intra(
 def default_tuning(dtype: torch.dtype) -> KdaPrefillTuning:
     """The launchers' choices, per target and input dtype.
 
-    CUDA, BF16/FP16 inputs: stage 1 as two kernels with 16-channel slices and 2 warps in the
-    scores kernel (H200, 2026-11-29, 1 x 8K tokens, 96 heads: 3.70 ms against 5.91 ms for
-    the single kernel, checked against the torch op in the same run). FP32 inputs keep the
-    single kernel, the one their GPU tests covered. AMD: a lane has 512 VGPRs, 256 for two
-    waves per SIMD; 8-warp stage 1, 64-wide stage 3 and 32-wide, (gfx942) unpipelined stage
-    2 stay within them (4 warps / 128-wide / 64-wide stage 2 / 2 stages need 264-290)."""
+    CUDA, BF16/FP16 inputs: stage 1a as [64, 64] accumulators (kda_prefill_scores_wide.py,
+    16-bit aqk and inverse, TF32 solve as fla's) and the chunk table planned on the GPU when
+    there are no snapshots (H200, 2026-11-29, 1 x 8K tokens, 96 heads, checked against the
+    torch op in the same run: kernels 2.92 ms against 3.28 ms for session 2's [16, 16] tiles;
+    stage 1a 1.45 against 1.78 ms; the host planner's sync left the GPU idle 0.38-0.77 ms per
+    call, the device planner 0.01 ms). FP32 inputs keep the single kernel, the one their GPU
+    tests covered. AMD: a lane has 512 VGPRs, 256 for two waves per SIMD; 8-warp stage 1,
+    64-wide stage 3 and 32-wide, (gfx942) unpipelined stage 2 stay within them (4 warps /
+    128-wide / 64-wide stage 2 / 2 stages need 264-290)."""
     if runs_on_interpreter(kda_prefill_intra_kernel):
         return KdaPrefillTuning()
     target = driver.active.get_current_target()
     if target.backend != "hip":
         if dtype in (torch.bfloat16, torch.float16):
-            return KdaPrefillTuning(intra_split=True, scores_block_k=16, scores_num_warps=2)
+            return KdaPrefillTuning(intra_split=True, scores_wide=True, compact_scores=True,
+                                    scores_tf32_solve=True, plan_on_device=True)
         return KdaPrefillTuning()
     return KdaPrefillTuning(intra_num_warps=8, output_block_v=64, block_v=32,
                             num_stages=1 if target.arch == "gfx942" else None)

@@ -36,7 +36,7 @@ from atomk31.triton_kernels.runtime import dot_precision, runs_on_interpreter
 
 
 @triton.jit
-def _score_product(b_left, b_right_t, b_acc, BF16_SCORES: tl.constexpr,
+def score_product(b_left, b_right_t, b_acc, BF16_SCORES: tl.constexpr,
                    DOT_PRECISION: tl.constexpr):
     if BF16_SCORES:
         return tl.dot(b_left.to(tl.bfloat16), b_right_t.to(tl.bfloat16), b_acc)
@@ -64,8 +64,8 @@ def _column_block(
     b_right_t = tl.trans(b_k_j * tl.exp(b_ref[None, :] - b_gamma_j))        # [BK, BC]
     b_exponent = tl.where((o_t >= j * BC)[:, None], b_gamma - b_ref[None, :], float("-inf"))
     b_left = tl.exp(b_exponent)                                            # [BT, BK]
-    b_acc_a = _score_product(b_q * b_left, b_right_t, b_acc_a, BF16_SCORES, DOT_PRECISION)
-    b_acc_l = _score_product(b_k * b_left, b_right_t, b_acc_l, BF16_SCORES, DOT_PRECISION)
+    b_acc_a = score_product(b_q * b_left, b_right_t, b_acc_a, BF16_SCORES, DOT_PRECISION)
+    b_acc_l = score_product(b_k * b_left, b_right_t, b_acc_l, BF16_SCORES, DOT_PRECISION)
     return b_acc_a, b_acc_l, b_sum_k + tl.sum(b_k_j * b_k_j, axis=1), b_ref
 
 
@@ -92,6 +92,23 @@ def _store_column_block(
 def _tile(p_matrix, i_i: tl.constexpr, i_j: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
     o_c = tl.arange(0, BC)
     return tl.load(p_matrix + (i_i * BC + o_c)[:, None] * BT + (i_j * BC + o_c)[None, :])
+
+
+@triton.jit
+def solve_stored_l(l_ptr, inverse_ptr, base, BT: tl.constexpr, BC: tl.constexpr,
+                   SOLVE_PRECISION: tl.constexpr):
+    """L's [16, 16] tiles back from l_ptr (written by other threads of this program), then
+    solved into inverse_ptr: every tile is read before the second barrier, so the inverse may
+    overwrite L in place."""
+    tl.debug_barrier()
+    p_l = l_ptr + base * BT * BT
+    t00, t10, t11 = _tile(p_l, 0, 0, BT, BC), _tile(p_l, 1, 0, BT, BC), _tile(p_l, 1, 1, BT, BC)
+    t20, t21, t22 = _tile(p_l, 2, 0, BT, BC), _tile(p_l, 2, 1, BT, BC), _tile(p_l, 2, 2, BT, BC)
+    t30, t31 = _tile(p_l, 3, 0, BT, BC), _tile(p_l, 3, 1, BT, BC)
+    t32, t33 = _tile(p_l, 3, 2, BT, BC), _tile(p_l, 3, 3, BT, BC)
+    tl.debug_barrier()
+    _solve_and_store(inverse_ptr, base, t00, t10, t11, t20, t21, t22, t30, t31, t32, t33,
+                     BT, BC, SOLVE_PRECISION)
 
 
 @triton.jit
@@ -167,17 +184,7 @@ def kda_prefill_scores_columns_kernel(
     _store_column_block(l_ptr, base, 1, l1, b_beta_norm, s1, True, BT, BC)
     _store_column_block(l_ptr, base, 2, l2, b_beta_norm, s2, True, BT, BC)
     _store_column_block(l_ptr, base, 3, l3, b_beta_norm, s3, True, BT, BC)
-    # L's [16, 16] tiles back (written by other threads of this program), then solved: every
-    # tile is read before the second barrier, so the inverse may overwrite L in place.
-    tl.debug_barrier()
-    p_l = l_ptr + base * BT * BT
-    t00, t10, t11 = _tile(p_l, 0, 0, BT, BC), _tile(p_l, 1, 0, BT, BC), _tile(p_l, 1, 1, BT, BC)
-    t20, t21, t22 = _tile(p_l, 2, 0, BT, BC), _tile(p_l, 2, 1, BT, BC), _tile(p_l, 2, 2, BT, BC)
-    t30, t31 = _tile(p_l, 3, 0, BT, BC), _tile(p_l, 3, 1, BT, BC)
-    t32, t33 = _tile(p_l, 3, 2, BT, BC), _tile(p_l, 3, 3, BT, BC)
-    tl.debug_barrier()
-    _solve_and_store(inverse_ptr, base, t00, t10, t11, t20, t21, t22, t30, t31, t32, t33,
-                     BT, BC, SOLVE_PRECISION)
+    solve_stored_l(l_ptr, inverse_ptr, base, BT, BC, SOLVE_PRECISION)
     if FUSE_GATED:
         # Stage 1b in the same program: the inverse back whole (its tiles were written by
         # other threads), and q, k, g read again while they are likely still in L2.

@@ -14,9 +14,12 @@ class KdaPrefillTuning:
     scores_num_warps: int = 4           # split stage 1a
     scores_tf32_solve: bool = False     # split stage 1a: solve in TF32 (16-bit inputs only)
     scores_columns: bool = False        # split stage 1a: one program, [64, 16] column blocks
-    scores_bf16: bool = False           # column-block stage 1a: BF16 score products (16-bit)
-    compact_scores: bool = False        # column-block stage 1a: aqk, inverse in 16-bit dtype
+    scores_bf16: bool = False           # column/wide stage 1a: BF16 score products (16-bit)
+    compact_scores: bool = False        # column/wide stage 1a: aqk, inverse in 16-bit dtype
     fuse_gated: bool = False            # column-block stage 1a: stage 1b in the same kernel
+    scores_wide: bool = False           # split stage 1a: one program, [64, 64] accumulators
+    scores_joined: bool = False         # wide stage 1a: a slice's 4 blocks in one product
+    scores_max_registers: int | None = None  # wide stage 1a: register cap (CUDA maxnreg)
     gated_block: int = 64               # split stage 1b: channels per product
     gated_num_warps: int = 4            # split stage 1b
     intra_num_warps: int = 4            # single-kernel stage 1, one program per (chunk, head)
@@ -27,3 +30,4 @@ class KdaPrefillTuning:
     split_output: bool = True           # output in the chunk-parallel stage 3, not in stage 2
     bf16_products: bool = True          # stages 2-3 and 1b, BF16 intermediates only
     output_block_v: int | None = None   # stage 3: value channels per program
+    plan_on_device: bool = False        # chunk table on the GPU, no host sync (no snapshots)

@@ -34,7 +34,11 @@ won with few programs (16 rows, 4 key splits: part of the default there) and los
 wgmma; it now carries the int32 slots (`_key_ids`) and computes the offsets per tile.
 num_stages = 2 (cp.async, which fits beside 128 query vectors only at BLOCK_N = 32) lost
 too (258 us), as did a "keys-major" kernel with keys as the products' rows (no padding, no
-recomputed scores, but A operands converted in registers: 318 us).
+recomputed scores, but A operands converted in registers: 318 us). Session 4: asking L2 for
+the next tile's rows (prefetch.global.L2, inline PTX) during this tile gained nothing at 64
+rows (152.0 vs 153.1 us) and lost at 16 (57.7 vs 47.2 us); carrying the rows themselves in
+registers spilled ~850 B (offline); one warpgroup a program (two programs a multiprocessor,
+BLOCK_N 32) lost (206 vs 153 us).
 
 Numbers: with bf16 queries and a bf16 or fp8 latent the products are bf16 (fp8 e4m3 is
 exact in bf16) with fp32 accumulation, and the probabilities are rounded to bf16 for the
@@ -76,21 +80,26 @@ def _key_ids(
 @triton.jit
 def _key_rows(
     b_id, tile, end, block_size, stride_cache_b, stride_cache_t,
-    IS_DENSE: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_DENSE: tl.constexpr, BLOCK_N: tl.constexpr, FLAT_SLOTS: tl.constexpr,
 ):
     """Keys tile..tile + BLOCK_N - 1 located by `_key_ids`: element offsets of their cache
-    rows, the valid-key mask and the key indices (causal positions)."""
+    rows, the valid-key mask and the key indices (causal positions). Slots are split into
+    (block, offset) in int32 (an int64 division is a ~85-instruction call on triton 3.6),
+    or not at all with FLAT_SLOTS (block stride = block_size x row stride: slot x row stride)."""
     o_n = tile + tl.arange(0, BLOCK_N)
     if IS_DENSE:
         m_n = o_n < end
-        b_block = b_id.to(tl.int64)
-        b_offset = (o_n % block_size).to(tl.int64)
+        o_k = b_id.to(tl.int64) * stride_cache_b \
+            + (o_n % block_size).to(tl.int64) * stride_cache_t
     else:
         m_n = b_id >= 0
-        b_slot = tl.maximum(b_id, 0).to(tl.int64)
-        b_block = b_slot // block_size
-        b_offset = b_slot % block_size
-    return b_block * stride_cache_b + b_offset * stride_cache_t, m_n, o_n
+        b_slot = tl.maximum(b_id, 0).to(tl.int32)
+        if FLAT_SLOTS:
+            o_k = b_slot.to(tl.int64) * stride_cache_t
+        else:
+            o_k = (b_slot // block_size).to(tl.int64) * stride_cache_b \
+                + (b_slot % block_size).to(tl.int64) * stride_cache_t
+    return o_k, m_n, o_n
 
 
 @triton.jit
@@ -148,6 +157,9 @@ def sparse_mla_kernel(
     # FP16 products over an FP8 latent (e4m3 is exact in FP16, converted in one instruction
     # per two values where BF16 takes three), the queries scaled into FP16's range.
     FP16_OPERANDS: tl.constexpr,
+    # The cache's blocks lie back to back (stride_cache_b = block_size x stride_cache_t): a
+    # slot's row offset is slot x stride_cache_t, with no division on the gather's path.
+    FLAT_SLOTS: tl.constexpr,
 ):
     i_program = tl.program_id(0)
     i_split = tl.program_id(1)
@@ -219,7 +231,7 @@ def sparse_mla_kernel(
                                  request, block_size, stride_slots_row, stride_table_r,
                                  IS_DENSE, BLOCK_N)
         o_k, m_n, o_n = _key_rows(b_id, tile, end, block_size, stride_cache_b, stride_cache_t,
-                                  IS_DENSE, BLOCK_N)
+                                  IS_DENSE, BLOCK_N, FLAT_SLOTS)
         if PREFETCH == 1:
             b_k_own, b_k_other, b_k_rope = _key_tile(cache_ptr, o_k, m_n, o_v, o_w, o_r,
                                                      VALUE_SPLITS)

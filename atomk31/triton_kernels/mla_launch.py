@@ -114,6 +114,7 @@ def launch_mla(
         BLOCK_H=tiles.block_h, BLOCK_N=tiles.block_n, VALUE_SPLITS=tiles.value_splits,
         DOT_DTYPE=dot_dtype_tl, SCORES_VIA_MEMORY=tiles.scores_via_memory,
         PREFETCH=tiles.prefetch, FP16_OPERANDS=fp16_operands,
+        FLAT_SLOTS=latent_cache.stride(0) == latent_cache.shape[1] * latent_cache.stride(1),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     if num_splits > 1:

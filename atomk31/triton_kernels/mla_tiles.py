@@ -10,7 +10,8 @@ memory and two waves of key splits won. Round 2, for the model's 96 heads with b
 products (`_cuda_many_heads_tiles`): 128 query vectors a program over two value-split
 programs, 64 keys a step, and 16 key splits for few programs over short selections.
 Round 3 (graph-timed): sparse MLA over few rows takes that layout too, with the next tile's
-key rows read ahead and FP16 products over the FP8 latent.
+key rows read ahead and FP16 products over the FP8 latent. Session 4: sparse MLA over many
+rows takes FP16 products as well.
 """
 
 from dataclasses import dataclass, replace
@@ -160,7 +161,9 @@ def _cuda_many_heads_tiles(q: torch.Tensor, num_groups: int, max_keys: int,
     Round 3, sparse (graph-timed): few programs over a short selection (16 rows) take the
     64-row layout (128 heads, value halves) with key splits filling the multiprocessors (4),
     the next tile's key rows read ahead and FP16 products over the FP8 latent: 64 us, 14.7%
-    (round 2's 64-head via-memory default: 95 us, 10.0%); dense keeps round 2's."""
+    (round 2's 64-head via-memory default: 95 us, 10.0%); dense keeps round 2's.
+    Session 4 (slots no longer split by an int64 division): sparse 64 rows take FP16
+    products too: 153.1 us, 25.2% (BF16: 185.6 us, 20.8%); 16 rows measured 47.2 us, 20.5%."""
     num_head_blocks_of_64 = triton.cdiv(q.shape[1], 64)
     is_few_short = (num_groups * num_head_blocks_of_64 < 64 and max_keys <= SHORT_SELECTION
                     and rows_per_program == 1)
@@ -172,6 +175,7 @@ def _cuda_many_heads_tiles(q: torch.Tensor, num_groups: int, max_keys: int,
         block_h, value_splits, num_stages, scores_via_memory = 64, 1, 1, True
     elif rows_per_program == 1:
         block_h, value_splits, num_stages, scores_via_memory = 128, 2, 1, False
+        fp16_operands = is_sparse
     elif rows_per_program == 4:
         block_h, value_splits, num_stages, scores_via_memory = 32, 2, 1, False
     else:

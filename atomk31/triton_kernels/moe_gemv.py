@@ -11,12 +11,16 @@ instead (``BY_SLOT``): a program takes its slot's expert unless an earlier slot 
 one token no program is launched for an unused expert.
 
 1. ``moe_gate_up_gemv_kernel``: gate and up rows of ``w13`` side by side, SiTU-GLU in the
-   epilogue, h rounded to z's dtype (§4.8) and stored at ``h[e, t]``.
-2. ``moe_down_gemv_kernel``: ``h[e, t] W2_e^T`` times the routing weight, added with fp32
+   epilogue, h rounded to z's dtype (§4.8) and stored per (expert, row).
+2. ``moe_down_gemv_kernel``: ``h W2_e^T`` times the routing weight, added with fp32
    atomics into ``u [T, Dl]`` (the weighted combine over the k experts of a token).
+(Both in moe_gemv_kernels.py.)
 
-Token rows are indexed by token (row t of program e is token t when t routes to e, else
-masked), so BLOCK_M >= T. Ways to multiply (``MODE``), chosen by the launcher:
+Token rows: row t of program e is token t when t routes to e, else masked, so BLOCK_M >= T
+and the tensor cores multiply all T rows for every expert: 4x the routed work at 64 tokens
+(top-16 of 64). Gathered rows (``gather_rows``; the default for "dot_t_words" past 16 tokens):
+row r is the r-th token routed to e, block_m rows at a time. Ways to multiply (``MODE``),
+chosen by the launcher:
 * "fma" (few tokens): unscaled E2M1 values times the activations, summed per 32-input group,
   then times the group's E8M0 scale: per weight one decode and BLOCK_M FMAs.
 * "fma_f32": the same with E2M1 decoded straight to fp32 bits (E2M1 * 2^-126, activations
@@ -35,184 +39,22 @@ masked), so BLOCK_M >= T. Ways to multiply (``MODE``), chosen by the launcher:
 
 E2M1 codes are decoded through FP16 bits (moe_mxfp4_decode.py) or, in "fma_f32" / "fma_words",
 straight to fp32 bits: a few integer ops, no tables. Each mode's per-tile product (decode and
-multiply one K tile) is in moe_gemv_tiles.py; this file holds the kernels and the launcher.
+multiply one K tile) is in moe_gemv_tiles.py; this file holds the launcher and its defaults.
 """
 
 import torch
 import triton
-import triton.language as tl
 
 from triton.runtime import driver
 
-from atomk31.triton_kernels.moe_gemv_tiles import (load_activations, tile_accumulator,
-                                                   tile_product, words_order)
-from atomk31.triton_kernels.moe_mxfp4_decode import ONE_FACTOR_SHIFT
+from atomk31.triton_kernels.moe_gemv_kernels import (moe_down_gemv_kernel,
+                                                     moe_gate_up_gemv_kernel)
 from atomk31.triton_kernels.runtime import runs_on_interpreter
 
-# The most tokens one program's rows hold (row t is token t): past it, the grouped GEMMs.
+# The most tokens of the GEMVs (token rows: one program's rows hold them all; gathered rows:
+# each program compares all T tokens' ids): past it, the grouped GEMMs.
 MAX_TOKENS = 64
-ONE_FACTOR_UNDO = tl.constexpr(2.0 ** ONE_FACTOR_SHIFT.value)
 MODES = ("fma", "fma_f32", "fma_words", "dot", "dot_t", "dot_t_words", "dot_scaled")
-
-
-@triton.jit
-def _tanh(x):
-    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
-
-
-@triton.jit
-def _expert_tokens(ids_ptr, weights_ptr, expert, num_tokens,
-                   TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_TOP_K: tl.constexpr):
-    """For token rows 0..BLOCK_M-1: does the token route to `expert`, and with what weight."""
-    o_m, o_j = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_TOP_K)
-    m_ids = (o_m[:, None] < num_tokens) & (o_j[None, :] < TOP_K)
-    b_ids = tl.load(ids_ptr + o_m[:, None] * TOP_K + o_j[None, :], mask=m_ids, other=-1)
-    b_match = b_ids == expert
-    b_weights = tl.load(weights_ptr + o_m[:, None] * TOP_K + o_j[None, :], mask=b_match,
-                        other=0.0)
-    return tl.max(b_match.to(tl.int32), axis=1) > 0, tl.sum(b_weights, axis=1)
-
-
-@triton.jit
-def _program_expert(ids_ptr, i_p, BY_SLOT: tl.constexpr, BLOCK_SLOTS: tl.constexpr):
-    """(expert of program i_p, whether the program owns it). BY_SLOT: program i_p is slot i_p
-    of the flat topk_ids and owns its expert when no earlier slot routes to the same one."""
-    if BY_SLOT:
-        expert = tl.load(ids_ptr + i_p)
-        o_s = tl.arange(0, BLOCK_SLOTS)
-        b_earlier = tl.load(ids_ptr + o_s, mask=o_s < i_p, other=-1)
-        owner = tl.max((b_earlier == expert).to(tl.int32), axis=0) == 0
-    else:
-        expert = i_p
-        owner = i_p >= 0
-    return expert, owner
-
-
-
-
-@triton.jit
-def _gate_up_step(b_gate, b_up, p_rows, m_m, p_gate_packed, p_gate_scales, p_up_packed,
-                  p_up_scales, k0, STRIDE_PACKED: tl.constexpr, STRIDE_SCALES: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  MODE: tl.constexpr, DOT_FP32: tl.constexpr, WORD_DECODE: tl.constexpr):
-    b_even, b_odd, b_a = load_activations(p_rows, m_m, k0, BLOCK_K, MODE)
-    b_gate = tile_product(b_even, b_odd, b_a, p_gate_packed, p_gate_scales, k0,
-                           b_gate, STRIDE_PACKED, STRIDE_SCALES, BLOCK_M, BLOCK_N, BLOCK_K,
-                           MODE, DOT_FP32, WORD_DECODE)
-    b_up = tile_product(b_even, b_odd, b_a, p_up_packed, p_up_scales, k0, b_up,
-                         STRIDE_PACKED, STRIDE_SCALES, BLOCK_M, BLOCK_N, BLOCK_K, MODE,
-                         DOT_FP32, WORD_DECODE)
-    return b_gate, b_up
-
-
-@triton.jit
-def moe_gate_up_gemv_kernel(
-    # pointers: z [T, Dl], topk ids/weights [T, k], w13 packed/scales [E, 2F, *], h [E, BM, F]
-    z_ptr, ids_ptr, weights_ptr, packed_ptr, scales_ptr, h_ptr,
-    # sizes and strides
-    num_tokens, stride_z,
-    # activation
-    beta, linear_beta,
-    # meta-parameters
-    F: tl.constexpr, DL: tl.constexpr, TOP_K: tl.constexpr, HAS_LINEAR_CAP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_TOP_K: tl.constexpr, PACKED_INPUTS: tl.constexpr, MODE: tl.constexpr,
-    DOT_FP32: tl.constexpr, BY_SLOT: tl.constexpr, BLOCK_SLOTS: tl.constexpr,
-    LOOP_STAGES: tl.constexpr, WORD_DECODE: tl.constexpr,
-):
-    i_e, owner = _program_expert(ids_ptr, tl.program_id(0), BY_SLOT, BLOCK_SLOTS)
-    i_n = tl.program_id(1)
-    m_m, _ = _expert_tokens(ids_ptr, weights_ptr, i_e, num_tokens, TOP_K, BLOCK_M, BLOCK_TOP_K)
-    if (tl.max(m_m.to(tl.int32), axis=0) == 0) | (owner == 0):
-        return
-    o_m = tl.arange(0, BLOCK_M)
-    p_rows = z_ptr + o_m.to(tl.int64) * stride_z
-    STRIDE_PACKED: tl.constexpr = DL // PACKED_INPUTS
-    STRIDE_SCALES: tl.constexpr = DL // 32
-    row0 = i_e.to(tl.int64) * 2 * F + i_n * BLOCK_N
-    p_gate_packed = packed_ptr + row0 * STRIDE_PACKED
-    p_gate_scales = scales_ptr + row0 * STRIDE_SCALES
-    p_up_packed = p_gate_packed + F * STRIDE_PACKED
-    p_up_scales = p_gate_scales + F * STRIDE_SCALES
-    b_gate = tile_accumulator(BLOCK_M, BLOCK_N, MODE)
-    b_up = tile_accumulator(BLOCK_M, BLOCK_N, MODE)
-    if LOOP_STAGES > 0:
-        # Explicit stages: Triton then pipelines the weight loads even without a tl.dot.
-        for k0 in tl.range(0, DL, BLOCK_K, num_stages=LOOP_STAGES):
-            b_gate, b_up = _gate_up_step(b_gate, b_up, p_rows, m_m, p_gate_packed,
-                                         p_gate_scales, p_up_packed, p_up_scales, k0,
-                                         STRIDE_PACKED, STRIDE_SCALES, BLOCK_M, BLOCK_N,
-                                         BLOCK_K, MODE, DOT_FP32, WORD_DECODE)
-    else:
-        for k0 in range(0, DL, BLOCK_K):
-            b_gate, b_up = _gate_up_step(b_gate, b_up, p_rows, m_m, p_gate_packed,
-                                         p_gate_scales, p_up_packed, p_up_scales, k0,
-                                         STRIDE_PACKED, STRIDE_SCALES, BLOCK_M, BLOCK_N,
-                                         BLOCK_K, MODE, DOT_FP32, WORD_DECODE)
-    if MODE == "dot_t" or MODE == "dot_t_words":
-        b_gate = tl.trans(b_gate)
-        b_up = tl.trans(b_up)
-    if WORD_DECODE == "ptx_one_factor":                   # the weights came times 2^-64
-        b_gate = b_gate * ONE_FACTOR_UNDO
-        b_up = b_up * ONE_FACTOR_UNDO
-    # SiTU-GLU (§4.8): SiLU with the gate soft-capped at ±beta, up capped at ±linear_beta.
-    b_h = beta * _tanh(b_gate / beta) * tl.sigmoid(b_gate)
-    if HAS_LINEAR_CAP:
-        b_up = linear_beta * _tanh(b_up / linear_beta)
-    b_h = b_h * b_up
-    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if MODE == "dot_t_words":
-        o_n = words_order(o_n, BLOCK_K)       # h is the down GEMV's input: in its word order
-    p_h = h_ptr + (i_e.to(tl.int64) * BLOCK_M + o_m[:, None]) * F + o_n[None, :]
-    tl.store(p_h, b_h.to(h_ptr.dtype.element_ty), mask=m_m[:, None])
-
-
-@triton.jit
-def moe_down_gemv_kernel(
-    # pointers: h [E, BM, F], topk ids/weights [T, k], w2 packed/scales [E, Dl, *], u [T, Dl]
-    h_ptr, ids_ptr, weights_ptr, packed_ptr, scales_ptr, u_ptr,
-    # sizes
-    num_tokens,
-    # meta-parameters
-    F: tl.constexpr, DL: tl.constexpr, TOP_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_TOP_K: tl.constexpr, PACKED_INPUTS: tl.constexpr, MODE: tl.constexpr,
-    DOT_FP32: tl.constexpr, BY_SLOT: tl.constexpr, BLOCK_SLOTS: tl.constexpr,
-    LOOP_STAGES: tl.constexpr, WORD_DECODE: tl.constexpr,
-):
-    i_e, owner = _program_expert(ids_ptr, tl.program_id(0), BY_SLOT, BLOCK_SLOTS)
-    i_n = tl.program_id(1)
-    m_m, b_weight = _expert_tokens(ids_ptr, weights_ptr, i_e, num_tokens, TOP_K, BLOCK_M,
-                                   BLOCK_TOP_K)
-    if (tl.max(m_m.to(tl.int32), axis=0) == 0) | (owner == 0):
-        return
-    o_m = tl.arange(0, BLOCK_M)
-    p_rows = h_ptr + (i_e.to(tl.int64) * BLOCK_M + o_m) * F
-    STRIDE_PACKED: tl.constexpr = F // PACKED_INPUTS
-    STRIDE_SCALES: tl.constexpr = F // 32
-    row0 = i_e.to(tl.int64) * DL + i_n * BLOCK_N
-    p_packed = packed_ptr + row0 * STRIDE_PACKED
-    p_scales = scales_ptr + row0 * STRIDE_SCALES
-    b_acc = tile_accumulator(BLOCK_M, BLOCK_N, MODE)
-    if LOOP_STAGES > 0:
-        for k0 in tl.range(0, F, BLOCK_K, num_stages=LOOP_STAGES):
-            b_even, b_odd, b_a = load_activations(p_rows, m_m, k0, BLOCK_K, MODE)
-            b_acc = tile_product(b_even, b_odd, b_a, p_packed, p_scales, k0,
-                                  b_acc, STRIDE_PACKED, STRIDE_SCALES, BLOCK_M, BLOCK_N,
-                                  BLOCK_K, MODE, DOT_FP32, WORD_DECODE)
-    else:
-        for k0 in range(0, F, BLOCK_K):
-            b_even, b_odd, b_a = load_activations(p_rows, m_m, k0, BLOCK_K, MODE)
-            b_acc = tile_product(b_even, b_odd, b_a, p_packed, p_scales, k0,
-                                  b_acc, STRIDE_PACKED, STRIDE_SCALES, BLOCK_M, BLOCK_N,
-                                  BLOCK_K, MODE, DOT_FP32, WORD_DECODE)
-    if MODE == "dot_t" or MODE == "dot_t_words":
-        b_acc = tl.trans(b_acc)
-    if WORD_DECODE == "ptx_one_factor":
-        b_acc = b_acc * ONE_FACTOR_UNDO
-    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    tl.atomic_add(u_ptr + o_m.to(tl.int64)[:, None] * DL + o_n[None, :],
-                  b_acc * b_weight[:, None], mask=m_m[:, None], sem="relaxed")
 
 
 def default_mode(num_tokens: int, dtype: torch.dtype, backend: str | None) -> str:
@@ -227,19 +69,52 @@ def default_mode(num_tokens: int, dtype: torch.dtype, backend: str | None) -> st
     return "fma" if num_tokens <= 1 else "dot_t"
 
 
-def default_blocks(num_tokens: int, mode: str, latent_size: int,
-                   intermediate_size: int) -> tuple[int, int]:
+def default_blocks(num_tokens: int, mode: str, latent_size: int, intermediate_size: int,
+                   gather_rows: bool = False) -> tuple[int, int]:
     """(block_n, block_k). H200, 2026-11-29, round 3, "dot_t_words": 64 rows x 256 inputs up
-    to 16 tokens (16 tokens 0.428 ms vs 0.473 for 128 x 128, 0.485 for 64 x 128), 128 x 128
-    at 64 tokens (0.714 ms vs 0.848 for 64 x 256). Round 2: "dot" at 16 tokens 0.889 ms with
-    64 rows vs 0.927 ms with 32; "dot_t" with 64 rows at 4-64 tokens."""
+    to 16 tokens (16 tokens 0.428 ms vs 0.473 for 128 x 128, 0.485 for 64 x 128), and with
+    gathered rows (session 4); 128 x 128 for token rows at 17-64 tokens (0.714 ms vs 0.848 for
+    64 x 256). Round 2: "dot" at 16 tokens 0.889 ms with 64 rows vs 0.927 ms with 32; "dot_t"
+    with 64 rows at 4-64 tokens."""
     if mode == "dot_t_words":
-        if num_tokens <= 16 and latent_size % 256 == 0 and intermediate_size % 256 == 0:
+        if (num_tokens <= 16 or gather_rows) and latent_size % 256 == 0 and \
+                intermediate_size % 256 == 0:
             return 64, 256
         return 128, 128
     if mode == "dot_t":
         return 64, 128
     return (64 if mode.startswith("dot") and num_tokens > 4 else 32), 128
+
+
+def default_gather_rows(num_tokens: int, mode: str) -> bool:
+    """Gathered rows for "dot_t_words" past 16 tokens. H200, session 4, round 1, 64 tokens
+    (graph): 0.634 ms (gathered, 32 rows per chunk, 64 x 256 tiles, 2 stages, 128 registers)
+    against 0.729 ms for token rows (every program multiplies all 64 rows: 4x the routed work
+    at top-16 of 64), 0.650 ms for 64 x 128 tiles at 96 registers. Up to 16 tokens the two
+    are the same (16 rows is the smallest tensor-core tile)."""
+    return mode == "dot_t_words" and num_tokens > 16
+
+
+def default_stages_and_registers(mode: str, gather_rows: bool, word_decode: str,
+                                 num_stages: int | None,
+                                 max_registers: int | None) -> tuple[int, int | None]:
+    """(num_stages, max_registers) unless given: 2 stages and a 128-register cap (4 programs
+    per SM instead of 2: 50 KB of shared memory, no spills) for the measured gathered-rows
+    configuration (BF16 "dot_t_words", NVIDIA); else 3 stages, no cap."""
+    measured = mode == "dot_t_words" and gather_rows and word_decode == "ptx"
+    if num_stages is None:
+        num_stages = 2 if measured else 3
+    if max_registers is None and measured:
+        max_registers = 128
+    return num_stages, max_registers
+
+
+def default_gather_block_m(num_tokens: int, top_k: int, num_experts: int) -> int:
+    """Gathered rows per chunk: about twice the mean tokens per expert (T k / E), so that
+    nearly every expert of a random routing fits one chunk (64 tokens, top-16 of 64: mean 16,
+    1 in 10^5 experts past 32); 16 to 64."""
+    mean = num_tokens * top_k / max(num_experts, 1)
+    return min(max(16, triton.next_power_of_2(int(2 * mean + 0.999))), 64)
 
 
 def to_words_order(z: torch.Tensor, block_k: int) -> torch.Tensor:
@@ -264,18 +139,27 @@ def moe_experts_mxfp4_gemv_triton(
     block_n: int | None = None,
     block_k: int | None = None,
     num_warps: int = 4,
-    num_stages: int = 3,
+    num_stages: int | None = None,
     loop_stages: int = 0,
     one_factor: bool = False,
+    gather_rows: bool | None = None,
+    block_m: int | None = None,
+    max_registers: int | None = None,
 ) -> torch.Tensor:
     """Small-batch path; arguments as ``moe_experts_mxfp4_triton`` (shapes checked there).
 
     mode: one of MODES (None: default_mode); "dot_scaled" needs BF16 activations on a GPU.
-    block_n / block_k (None: default_blocks) / num_warps / num_stages are tuning knobs for
-    benchmarks (block_k a power of two >= 32 dividing Dl and F); loop_stages > 0 pipelines the
+    block_n / block_k (None: default_blocks) / num_warps / num_stages (None:
+    default_stages_and_registers) are tuning knobs for benchmarks (block_k a power of two
+    >= 32 dividing Dl and F); loop_stages > 0 pipelines the
     K loop's loads explicitly (tl.range num_stages), 0 leaves it to Triton. one_factor (mode
     "dot_t_words", NVIDIA, BF16; a benchmark knob): one BF16 multiply per weight pair instead
-    of two, exact only for E8M0 scale bytes 59..192 (moe_mxfp4_decode.ONE_FACTOR_SHIFT)."""
+    of two, exact only for E8M0 scale bytes 59..192 (moe_mxfp4_decode.ONE_FACTOR_SHIFT).
+    gather_rows: a program's rows are its expert's own tokens, block_m at a time (None:
+    default_gather_rows), instead of all T tokens; block_m (gathered rows only; None:
+    default_gather_block_m) a power of two >= 16 for the "dot" modes. max_registers (NVIDIA;
+    None: default_stages_and_registers): ptxas's register cap per thread (maxnreg), for more
+    programs per SM."""
     num_experts, two_f, half_latent = w13_packed.shape
     latent_size, intermediate_size = 2 * half_latent, two_f // 2
     num_tokens, top_k = topk_ids.shape
@@ -288,7 +172,13 @@ def moe_experts_mxfp4_gemv_triton(
         mode = default_mode(num_tokens, z.dtype, backend)
     if mode not in MODES:
         raise ValueError(f"moe_experts_mxfp4 (gemv): mode must be one of {MODES}, got {mode!r}")
-    default_n, default_k = default_blocks(num_tokens, mode, latent_size, intermediate_size)
+    if gather_rows is None:
+        gather_rows = default_gather_rows(num_tokens, mode)
+    if block_m is not None and not gather_rows:
+        raise ValueError("moe_experts_mxfp4 (gemv): block_m is for gathered rows only "
+                         f"(gather_rows=True), got block_m={block_m}")
+    default_n, default_k = default_blocks(num_tokens, mode, latent_size, intermediate_size,
+                                          gather_rows)
     block_n = default_n if block_n is None else block_n
     block_k = default_k if block_k is None else block_k
     if latent_size % block_n or latent_size % block_k or intermediate_size % block_n or \
@@ -301,9 +191,16 @@ def moe_experts_mxfp4_gemv_triton(
     u = torch.zeros((num_tokens, latent_size), dtype=torch.float32, device=z.device)
     if num_tokens == 0:
         return u
-    block_m = triton.next_power_of_2(num_tokens)
+    if block_m is None:
+        block_m = (default_gather_block_m(num_tokens, top_k, num_experts) if gather_rows
+                   else triton.next_power_of_2(num_tokens))
     if mode.startswith("dot"):
-        block_m = max(block_m, 16)                        # the smallest tensor-core M
+        # The smallest tile that stays on wgmma with the weights in registers (triton 3.6
+        # takes 8 tokens to mma.sync through shared memory: 1162 instead of 974 instructions).
+        block_m = max(block_m, 16)
+    if block_m & (block_m - 1):
+        raise ValueError(f"moe_experts_mxfp4 (gemv): block_m must be a power of two, got "
+                         f"{block_m}")
     packed_inputs = 2
     if mode in ("fma_words", "dot_t_words"):
         # 8 nibbles per int32 word (rows are multiples of 128 inputs: whole words).
@@ -318,14 +215,17 @@ def moe_experts_mxfp4_gemv_triton(
     # Fewer (token, slot) pairs than experts: one program row per pair, none for unused experts.
     num_slots = num_tokens * top_k
     by_slot = num_slots < num_experts
-    # Row t of expert e's block is token t; only the rows of tokens routed to e are written.
-    hidden = torch.empty((num_experts, block_m, intermediate_size), dtype=z.dtype,
-                         device=z.device)
+    # Token rows: row t of expert e's block is token t (only the rows of tokens routed to e
+    # are written). Gathered rows: the T * k pairs in expert order.
+    hidden_rows = num_slots if gather_rows else num_experts * block_m
+    hidden = torch.empty((hidden_rows, intermediate_size), dtype=z.dtype, device=z.device)
     # "dot_t_words": the word decode in inline PTX on NVIDIA for BF16 products; plain Triton
     # on other backends, under the interpreter and for fp32 (exact fp32 decode).
     word_decode = "triton"
     if mode == "dot_t_words" and z.dtype == torch.bfloat16 and backend == "cuda":
         word_decode = "ptx_one_factor" if one_factor else "ptx"
+    num_stages, max_registers = default_stages_and_registers(mode, gather_rows, word_decode,
+                                                             num_stages, max_registers)
     # fp32 activations: exact fp32 products (no TF32) on the GPU as on the interpreter.
     meta = dict(F=intermediate_size, DL=latent_size, TOP_K=top_k, BLOCK_M=block_m,
                 BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_TOP_K=triton.next_power_of_2(top_k),
@@ -333,8 +233,13 @@ def moe_experts_mxfp4_gemv_triton(
                 DOT_FP32=on_interpreter or z.dtype == torch.float32,
                 BY_SLOT=by_slot, BLOCK_SLOTS=triton.next_power_of_2(num_slots),
                 LOOP_STAGES=loop_stages, num_warps=num_warps, num_stages=num_stages,
-                WORD_DECODE=word_decode)
-    num_programs = num_slots if by_slot else num_experts
+                WORD_DECODE=word_decode, GATHER=gather_rows,
+                BLOCK_T=triton.next_power_of_2(num_tokens) if gather_rows else 1,
+                CHUNKS=triton.cdiv(num_tokens, block_m) if gather_rows else 1)
+    if max_registers is not None and backend == "cuda":
+        meta["maxnreg"] = max_registers
+    # Gathered rows: CHUNKS programs per expert (or slot), side by side.
+    num_programs = (num_slots if by_slot else num_experts) * meta["CHUNKS"]
     moe_gate_up_gemv_kernel[(num_programs, intermediate_size // block_n)](
         z, ids, weights, w13_packed, w13_scales, hidden, num_tokens, z.stride(0),
         beta, 1.0 if linear_beta is None else linear_beta,

@@ -4,9 +4,10 @@ GEMMs read (MODEL_SPEC §4.7).
 ``moe_route``: contract of ``atomk31/ops/moe.py``. The router logits are fp32 (§8 #13):
 up to FUSED_ROUTER_MAX_TOKENS tokens the kernel computes them itself (one launch: the few
 microseconds of reading the router weight beat three launches of cast, cuBLAS GEMM and
-kernel); above, one cuBLAS GEMM (``x.float() @ router_weight.float().T``). Opt-in
-(``split_router``): ``moe_router_logits_kernel`` spreads the logits over E / 4 programs per
-token, then the same top-k kernel reads them (two launches). ``moe_route_kernel`` then
+kernel); above, one cuBLAS GEMM (``x.float() @ router_weight.float().T``). On NVIDIA up to
+SPLIT_ROUTER_MAX_TOKENS tokens (``split_router``): ``moe_router_logits_kernel`` spreads the
+logits over E / 4 programs per token, then the same top-k kernel reads them (two launches,
+but the router weight is read by many SMs at once). ``moe_route_kernel`` then
 does, per token: sigmoid, + correction bias (selection only), top-k by repeated
 arg-max (ties -> lower expert id), weights from the unbiased scores, renormalisation
 (``/ (sum + 1e-20)``) and the routed scaling factor.
@@ -98,6 +99,10 @@ def moe_router_logits_kernel(x_ptr, router_ptr, logits_ptr, stride_x, E: tl.cons
 
 # split_router: experts per program of moe_router_logits_kernel (64 experts: 16 programs).
 SPLIT_ROUTER_EXPERTS = 4
+# Up to this many tokens on NVIDIA the split router replaces the fused one. H200, session 4,
+# proxy MoE step (routing + experts, CUDA graph): 1 token 0.132 vs 0.142 ms, 4 tokens 0.322 vs
+# 0.334, 16 tokens 0.438 vs 0.445; the same expert ids. AMD keeps the fused router (unmeasured).
+SPLIT_ROUTER_MAX_TOKENS = 16
 
 
 def moe_route_triton(
@@ -108,16 +113,17 @@ def moe_route_triton(
     renormalize: bool,
     scaling_factor: float,
     fuse_router: bool | None = None,
-    split_router: bool = False,
+    split_router: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [T, D]; router_weight: [E, D]; correction_bias: [E]
     -> (topk_weights fp32 [T, k], topk_ids int32 [T, k]), ids in descending biased score.
 
     fuse_router: logits computed in the kernel (None: up to FUSED_ROUTER_MAX_TOKENS tokens).
-    split_router (a benchmark knob; overrides fuse_router): the logits by
-    moe_router_logits_kernel, SPLIT_ROUTER_EXPERTS experts per program, then the top-k kernel:
-    two launches, but the 0.9 MB router weight is read by E / 4 SMs per token instead of one
-    (the fused kernel's single program per token took 26 us at 1 token on the H200)."""
+    split_router (overrides fuse_router; None: on NVIDIA GPUs up to SPLIT_ROUTER_MAX_TOKENS
+    tokens): the logits by moe_router_logits_kernel, SPLIT_ROUTER_EXPERTS experts per program,
+    then the top-k kernel: two launches, but the 0.9 MB router weight is read by E / 4 SMs per
+    token instead of one (the fused kernel's single program per token took 26 us at 1 token
+    on the H200)."""
     num_experts = router_weight.shape[0]
     if x.dim() != 2 or router_weight.shape != (num_experts, x.shape[1]):
         raise ValueError(f"moe_route: expected x [T, D] and router_weight [E, D], got "
@@ -129,6 +135,9 @@ def moe_route_triton(
         raise ValueError(f"moe_route: top_k must be in 1..{num_experts} (E), got {top_k}")
     num_tokens, hidden_size = x.shape
     fused = num_tokens <= FUSED_ROUTER_MAX_TOKENS if fuse_router is None else fuse_router
+    if split_router is None:
+        split_router = (fuse_router is None and num_tokens <= SPLIT_ROUTER_MAX_TOKENS
+                        and x.device.type == "cuda" and torch.version.hip is None)
     weights = torch.empty((num_tokens, top_k), dtype=torch.float32, device=x.device)
     ids = torch.empty((num_tokens, top_k), dtype=torch.int32, device=x.device)
     if not num_tokens:

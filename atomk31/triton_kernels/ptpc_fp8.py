@@ -15,8 +15,9 @@ On Hopper the FP8 wgmma keeps only ~14 bits of its running sum, so the kernel pr
 partial sum into an fp32 accumulator every ``promote_every`` K elements (as DeepGEMM does).
 Under the interpreter the FP8 operands are widened to fp32 before the product.
 
-Configs with ``tma=True`` run the warp-specialized TMA kernel instead (ptpc_fp8_tma.py, Hopper
-only); the tile choice lives in ptpc_fp8_config.py.
+Configs with ``tma=True`` run the TMA kernel instead (ptpc_fp8_tma.py, for Hopper: paired K
+tiles or warp specialization, to overlap the promotion with the tensor cores); the tile choice
+lives in ptpc_fp8_config.py.
 """
 
 import dataclasses

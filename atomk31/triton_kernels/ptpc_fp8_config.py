@@ -33,7 +33,12 @@ class GemmConfig:
     half the FP8 tensor rate). ``tma``: the TMA kernel. ``split_n``: (TMA kernel) two
     accumulators of ``block_n / 2`` columns, each promoted on its own, so that a consumer of
     64 x 256 outputs holds 2 x 64 + 64 fp32 registers instead of 2 x 128. ``persistent``:
-    (TMA kernel) one program per SM walking the tiles."""
+    (TMA kernel) one program per SM walking the tiles. ``promote_lagged``: (TMA kernel) K tiles in
+    pairs, each tile's partial promoted while the next tile's wgmma runs (the numerics of
+    ``promote_per_tile``; not with ``split_n`` or ``warp_specialize``).
+    ``device_descriptors``: (TMA kernel) descriptors built in the kernel, which Triton 3.6's
+    Hopper warp specialization can split between its consumer warpgroups (host descriptors:
+    a wrong box there, and a hang)."""
 
     block_m: int
     block_n: int
@@ -49,6 +54,8 @@ class GemmConfig:
     tma: bool = False
     split_n: bool = False
     persistent: bool = False
+    promote_lagged: bool = False
+    device_descriptors: bool = False
 
 
 # Under the interpreter: one small config (tests cover split K with explicit configs).
@@ -116,17 +123,35 @@ CUDA_NO_SPLIT_MAX_M = 16
 #   o_proj at M = 128: 0.0483 ms vs 0.0602 for 64x128x128 on 4 warps. Where they do not
 #   (small N: kv_a), round 1's 64x128x128 tiles with split K.
 CUDA_UNSPLIT_M256_CONFIG = GemmConfig(64, 128, 256, num_warps=8, num_stages=3)
+# Session 4 on the H200, CUDA only:
+# * M <= 16 where the decode tiles do not cover the SMs (o_proj: 112 programs of 64 columns):
+#   K steps of 512 in 3 stages, 80 KiB in flight per SM instead of 60. H200 session 4 (graph
+#   ms): o_proj M = 1 0.0275 vs 0.0307 (16x64x256), M = 16 0.0280 vs 0.0309; where the tiles do
+#   cover them (kda qkv, 576 programs) the 256-K steps stayed faster (0.0706 vs 0.0751).
+CUDA_FEW_TILES_DECODE_CONFIG = GemmConfig(16, 64, 512, num_stages=3)
 
 
-# Hopper (sm_90) from HOPPER_TMA_MIN_M tokens up (None: never): the TMA kernel, warp-specialized
-# (one producer and two consumer warpgroups of 64 rows), promotion per 128-K tile, where its
-# 128x128 tiles alone cover the SMs (small N, e.g. kv_a's 576, keeps the pointer kernel's split
-# K). Offline on sm_90 (Triton 3.6): no spills, the promotion of one consumer overlapping the
-# other's wgmma; not yet measured on the H200, so off (benchmarks/kernels/bench_ptpc_fp8.py
-# times it as "tma ws 128x128" beside the default).
-HOPPER_TMA_MIN_M: int | None = None
-HOPPER_TMA_CONFIG = GemmConfig(128, 128, 128, num_warps=4, num_stages=4, promote_per_tile=True,
-                               warp_specialize=True, tma=True)
+# Hopper (sm_90) from HOPPER_TMA_MIN_M tokens up (None: never): the TMA kernel where its 128x128
+# tiles alone cover the SMs (small N, e.g. kv_a's 576, keeps the pointer kernel's split K):
+# 8 warps (two warpgroups of 64 rows), no warp specialization, K tiles in pairs so that one
+# tile's promotion overlaps the next tile's wgmma (one wgmma drain per 256 K instead of per
+# 128; offline, Triton 3.6: 206 registers, no spills, 192 KiB of shared memory). H200 session 4,
+# M = 4096 (graph ms, equal accuracy to torch._scaled_mm): o_proj 0.749 vs 0.855 for the
+# pointer kernel (torch._scaled_mm 0.595), kda qkv 2.40 vs 2.56 (1.55). With 2 stages (two
+# buffers per K-tile stream) it starved: 0.998 / 2.92. Final round: o_proj M = 1024 0.199 vs
+# 0.227; kda qkv M = 128 (288 tiles) 0.104 vs 0.128, o_proj M = 128 (96 tiles, pointer kernel
+# kept by the rule) 0.047 vs 0.040: hence from 128 tokens wherever the tiles cover the SMs.
+HOPPER_TMA_MIN_M: int | None = 128
+HOPPER_TMA_CONFIG = GemmConfig(128, 128, 128, num_warps=8, num_stages=3, tma=True,
+                               promote_lagged=True)
+# Triton 3.6's warp specialization of the TMA kernel (one producer and two consumer
+# warpgroups of 64 rows), not a default: with host descriptors it hung the H200 (session 3: it
+# copies a 128-row box into each consumer's 64-row buffer); with descriptors built in the
+# kernel it ran (o_proj M = 4096: 0.709 ms, 128x256 split N 0.641) but stored the second
+# consumer's rows 64 rows too far (session 4, round 1; the kernel now takes the store's row
+# offset apart from the loads': ptpc_fp8_tma.gemm_tile).
+HOPPER_WS_CONFIG = GemmConfig(128, 128, 128, num_warps=4, num_stages=4, promote_per_tile=True,
+                              warp_specialize=True, tma=True, device_descriptors=True)
 
 
 def pick_config_for_target(m: int, n: int, k: int, target: GemmTarget) -> GemmConfig:
@@ -144,6 +169,8 @@ def pick_config_for_target(m: int, n: int, k: int, target: GemmTarget) -> GemmCo
     split_k = split_k_to_fill(tiles, k, config.block_k, target.num_sms)
     if not target.is_amd and m <= CUDA_NO_SPLIT_MAX_M:
         split_k = 1
+        if tiles < target.num_sms:
+            config = CUDA_FEW_TILES_DECODE_CONFIG    # 16x64 tiles too: the same tile count
     if not target.is_amd and max_m == 256 and split_k == 1:
         config = CUDA_UNSPLIT_M256_CONFIG  # the same 64x128 tiles, so the same tile count
     return dataclasses.replace(config, split_k=split_k)

@@ -1,16 +1,18 @@
-"""PTPC-FP8 scaled GEMM through tensor descriptors (TMA), warp-specialized on Hopper
-(MODEL_SPEC §6.5): ``c [M, N] = (a [M, K] @ b [N, K]^T) * a_scale[:, None] * b_scale[None, :]``.
+"""PTPC-FP8 scaled GEMM through tensor descriptors (TMA) for Hopper (MODEL_SPEC §6.5):
+``c [M, N] = (a [M, K] @ b [N, K]^T) * a_scale[:, None] * b_scale[None, :]``.
 
 Why a second kernel: Hopper's FP8 wgmma keeps ~14 bits of its running sum, so the sum is
 promoted into an fp32 accumulator every 128 K elements (as cuBLASLt and DeepGEMM do). In the
-pointer kernel every warp waits for its wgmma, adds the partial sum (64 FADDs per thread per
-128 K) and meets the other warpgroup at a CTA barrier, and the tensor cores idle meanwhile
-(~30% at large M on the H200). Here Triton 3.6's sm_90 warp specialization (``num_warps = 4``,
-``tl.range(..., warp_specialize=True)``) splits the CTA into a TMA producer warpgroup and two
-consumer warpgroups of 64 rows that synchronize only through mbarriers: one consumer's
-promotion runs while the other's wgmma owns the tensor cores. The producer runs with 40
-registers, the consumers with 232 (setmaxnreg), which leaves room for a 64 x 128 accumulator
-and its partial sum (or two 64 x 128 halves with ``SPLIT_N``).
+pointer kernel every warp waits for its wgmma to drain, adds the partial sum (64 FADDs per
+thread per 128 K) and meets the other warpgroup at a CTA barrier, and the tensor cores idle
+meanwhile (~30% at large M on the H200). Two ways out here:
+* ``PROMOTE_LAGGED`` (8 warps, no warp specialization): K tiles in pairs, one tile's partial
+  added while the next tile's wgmma runs (``lagged_k_loop``): half the drains.
+* ``WARP_SPECIALIZE`` (Triton 3.6 on sm_90: ``num_warps = 4``): a TMA producer warpgroup and two
+  consumer warpgroups of 64 rows that synchronize only through mbarriers, so one consumer's
+  promotion runs while the other's wgmma owns the tensor cores. The producer runs with 40
+  registers, the consumers with 232 (setmaxnreg): room for a 64 x 128 accumulator and its
+  partial sum (or two 64 x 128 halves with ``SPLIT_N``). It needs ``DEVICE_DESCRIPTORS``.
 
 Out-of-bounds tile rows, columns and K steps read as zeros (the descriptors' padding), so M, N
 and K need no masks in the loop. A descriptor needs 16-byte aligned rows: K a multiple of 16.
@@ -42,6 +44,43 @@ def scaled_mma(b_acc, b_a, b_b, DOT_FP32: tl.constexpr, PROMOTE_PER_TILE: tl.con
 
 
 @triton.jit
+def tile_product(a_desc, b_desc, off_m, off_n, i_k, BLOCK_K: tl.constexpr,
+                 DOT_FP32: tl.constexpr):
+    """One K tile's product in a fresh fp32 sum (a wgmma partial on Hopper; an IEEE fp32
+    product under the interpreter)."""
+    b_a = a_desc.load([off_m, i_k * BLOCK_K])
+    b_b = b_desc.load([off_n, i_k * BLOCK_K])
+    if DOT_FP32:
+        return tl.dot(b_a.to(tl.float32), tl.trans(b_b.to(tl.float32)), input_precision="ieee")
+    return tl.dot(b_a, tl.trans(b_b))
+
+
+@triton.jit
+def lagged_k_loop(b_acc, a_desc, b_desc, off_m, off_n, k_begin, k_end,
+                  BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr):
+    """b_acc + the K tiles [k_begin, k_end) of a @ b^T, each tile's partial sum promoted into
+    fp32 (the same adds, in the same order, as PROMOTE_PER_TILE), K tiles in pairs.
+
+    Why pairs: a promoted partial is needed right after its wgmma, so a plain loop waits for
+    every wgmma to drain before adding (the tensor cores idle meanwhile). Here the second
+    tile's wgmma is left in flight across the loop's back edge (Triton 3.6 makes it async and
+    waits for it in the next iteration), and the first tile's partial is added while the
+    second's wgmma runs: one drain per two K tiles instead of one per tile."""
+    num_k = k_end - k_begin
+    b_odd = tl.zeros_like(b_acc)
+    for i_pair in range(0, num_k // 2):
+        i_k = k_begin + 2 * i_pair
+        b_even = tile_product(a_desc, b_desc, off_m, off_n, i_k, BLOCK_K, DOT_FP32)
+        b_acc += b_odd
+        b_odd = tile_product(a_desc, b_desc, off_m, off_n, i_k + 1, BLOCK_K, DOT_FP32)
+        b_acc += b_even
+    b_acc += b_odd
+    if num_k % 2 == 1:
+        b_acc += tile_product(a_desc, b_desc, off_m, off_n, k_end - 1, BLOCK_K, DOT_FP32)
+    return b_acc
+
+
+@triton.jit
 def store_scaled(b_acc, a_scale_ptr, b_scale_ptr, c_ptr, M, N, stride_c, o_m, o_n,
                  SPLIT_K: tl.constexpr):
     """c[o_m, o_n] = b_acc * a_scale * b_scale: one rounding to c's dtype, or fp32 atomics
@@ -60,11 +99,12 @@ def store_scaled(b_acc, a_scale_ptr, b_scale_ptr, c_ptr, M, N, stride_c, o_m, o_
 
 @triton.jit
 def gemm_tile(
-    a_desc, b_desc, a_scale_ptr, b_scale_ptr, c_ptr, M, N, K, stride_c, i_tile, i_split,
+    a_desc, b_desc, a_scale_ptr, b_scale_ptr, c_ptr, M, N, K, stride_c, rows_per_tile, i_tile,
+    i_split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, SPLIT_N: tl.constexpr,
     DOT_FP32: tl.constexpr, PROMOTE_PER_TILE: tl.constexpr, PROMOTE_EVERY: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr, PROMOTE_LAGGED: tl.constexpr,
 ):
     """One output tile (one K split of it): the K loop, then the scaled store."""
     # Grouped order: GROUP_M row tiles share each column tile while it sits in L2.
@@ -78,7 +118,10 @@ def gemm_tile(
     k_tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
     k_begin = i_split * k_tiles_per_split
     k_end = tl.minimum(k_begin + k_tiles_per_split, k_tiles)
-    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    # rows_per_tile == BLOCK_M, as a runtime value: Triton 3.6's warp specialization offsets the
+    # second consumer's A loads by 64 rows and, where the store reuses that same i_m * BLOCK_M,
+    # offsets its stored rows twice (o_m + 64 + [64, 128): wrong rows, H200 session 4)
+    o_m = i_m * rows_per_tile + tl.arange(0, BLOCK_M)
     if SPLIT_N:
         HALF_N: tl.constexpr = BLOCK_N // 2
         b_acc0 = tl.zeros([BLOCK_M, HALF_N], dtype=tl.float32)
@@ -96,6 +139,12 @@ def gemm_tile(
                      SPLIT_K)
         store_scaled(b_acc1, a_scale_ptr, b_scale_ptr, c_ptr, M, N, stride_c, o_m,
                      o_n + HALF_N, SPLIT_K)
+    elif PROMOTE_LAGGED:
+        b_acc = lagged_k_loop(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), a_desc, b_desc,
+                              i_m * BLOCK_M, i_n * BLOCK_N, k_begin, k_end, BLOCK_K, DOT_FP32)
+        o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        store_scaled(b_acc, a_scale_ptr, b_scale_ptr, c_ptr, M, N, stride_c, o_m, o_n,
+                     SPLIT_K)
     else:
         b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for i_k in tl.range(k_begin, k_end, warp_specialize=WARP_SPECIALIZE):
@@ -111,32 +160,50 @@ def gemm_tile(
 @triton.jit(do_not_specialize=["M"])
 def ptpc_gemm_tma_kernel(
     # descriptors: a [M, K] fp8 in [BLOCK_M, BLOCK_K] boxes, b [N, K] fp8 in
-    # [BLOCK_N (/ 2 with SPLIT_N), BLOCK_K] boxes; scales [M] / [N] fp32; c [M, N]
+    # [BLOCK_N (/ 2 with SPLIT_N), BLOCK_K] boxes (with DEVICE_DESCRIPTORS: the fp8 tensors,
+    # described here); scales [M] / [N] fp32; c [M, N]; rows_per_tile == BLOCK_M (gemm_tile)
     a_desc, b_desc, a_scale_ptr, b_scale_ptr, c_ptr,
-    M, N, K, stride_c,
+    M, N, K, stride_a, stride_b, stride_c, rows_per_tile,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, SPLIT_N: tl.constexpr,
     DOT_FP32: tl.constexpr, PROMOTE_PER_TILE: tl.constexpr, PROMOTE_EVERY: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr, PERSISTENT: tl.constexpr = False,
+    PROMOTE_LAGGED: tl.constexpr = False, DEVICE_DESCRIPTORS: tl.constexpr = False,
 ):
+    if DEVICE_DESCRIPTORS:
+        # Triton 3.6's Hopper warp specialization gives each consumer warpgroup half of the
+        # A tile and rewrites a descriptor made here to that half; a host descriptor keeps
+        # its BLOCK_M-row box and overruns the half-size buffer (the H200 hung on it)
+        B_ROWS: tl.constexpr = BLOCK_N // 2 if SPLIT_N else BLOCK_N
+        a_desc = tl.make_tensor_descriptor(a_desc, shape=[M, K], strides=[stride_a, 1],
+                                           block_shape=[BLOCK_M, BLOCK_K])
+        b_desc = tl.make_tensor_descriptor(b_desc, shape=[N, K], strides=[stride_b, 1],
+                                           block_shape=[B_ROWS, BLOCK_K])
     if PERSISTENT:
         # one program per SM walks the tiles: with warp specialization the producer loads
         # the next tile while the consumers store this one (short K loops: kv_b's K = 512)
         num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
         for i_tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
             gemm_tile(a_desc, b_desc, a_scale_ptr, b_scale_ptr, c_ptr, M, N, K, stride_c,
-                      i_tile, tl.program_id(1), BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K,
-                      SPLIT_N, DOT_FP32, PROMOTE_PER_TILE, PROMOTE_EVERY, WARP_SPECIALIZE)
+                      rows_per_tile, i_tile, tl.program_id(1), BLOCK_M, BLOCK_N, BLOCK_K,
+                      GROUP_M, SPLIT_K, SPLIT_N, DOT_FP32, PROMOTE_PER_TILE, PROMOTE_EVERY,
+                      WARP_SPECIALIZE, PROMOTE_LAGGED)
     else:
         gemm_tile(a_desc, b_desc, a_scale_ptr, b_scale_ptr, c_ptr, M, N, K, stride_c,
-                  tl.program_id(0), tl.program_id(1), BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                  SPLIT_K, SPLIT_N, DOT_FP32, PROMOTE_PER_TILE, PROMOTE_EVERY, WARP_SPECIALIZE)
+                  rows_per_tile, tl.program_id(0), tl.program_id(1), BLOCK_M, BLOCK_N, BLOCK_K,
+                  GROUP_M, SPLIT_K, SPLIT_N, DOT_FP32, PROMOTE_PER_TILE, PROMOTE_EVERY,
+                  WARP_SPECIALIZE, PROMOTE_LAGGED)
 
 
 def can_use_tma(a: torch.Tensor, w_q: torch.Tensor) -> bool:
     """Descriptors need 16-byte aligned bases and rows (fp8: K a multiple of 16)."""
     return all(t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0 and t.stride(-1) == 1
                for t in (a, w_q))
+
+
+def scratch_for_descriptors(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Triton's allocator hook: global scratch for descriptors built in a kernel."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def launch_ptpc_gemm_tma(
@@ -151,22 +218,35 @@ def launch_ptpc_gemm_tma(
                          f"multiple of 16), got a {tuple(a.shape)} stride {a.stride()} and "
                          f"w_q {tuple(w_q.shape)} stride {w_q.stride()}; use a config with "
                          f"tma=False")
+    if config.warp_specialize and not config.device_descriptors and not on_interpreter:
+        raise ValueError("ptpc_linear: the TMA kernel's warp specialization needs "
+                         "device_descriptors=True (with host descriptors Triton 3.6 copies "
+                         "whole A tiles into half-tile buffers), got a config without")
     m, k = a.shape
     n = w_q.shape[0]
-    b_rows = config.block_n // 2 if config.split_n else config.block_n
-    a_desc = TensorDescriptor.from_tensor(a, [config.block_m, config.block_k])
-    b_desc = TensorDescriptor.from_tensor(w_q, [b_rows, config.block_k])
+    if config.device_descriptors:
+        a_desc, b_desc = a, w_q
+        # the kernel writes its descriptors to global scratch memory, which Triton asks the
+        # allocator for at launch (a torch allocation: CUDA-graph capturable)
+        triton.set_allocator(scratch_for_descriptors)
+    else:
+        b_rows = config.block_n // 2 if config.split_n else config.block_n
+        a_desc = TensorDescriptor.from_tensor(a, [config.block_m, config.block_k])
+        b_desc = TensorDescriptor.from_tensor(w_q, [b_rows, config.block_k])
     promote_every = None if config.promote_every is None else \
         min(config.promote_every, config.block_k)
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
     grid = (min(tiles, num_programs) if config.persistent else tiles, config.split_k)
     ptpc_gemm_tma_kernel[grid](
-        a_desc, b_desc, a_scale, w_scale, c, m, n, k, c.stride(0),
+        a_desc, b_desc, a_scale, w_scale, c, m, n, k, a.stride(0), w_q.stride(0), c.stride(0),
+        config.block_m,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         GROUP_M=config.group_m, SPLIT_K=config.split_k, SPLIT_N=config.split_n,
         DOT_FP32=on_interpreter,
         PROMOTE_PER_TILE=config.promote_per_tile,
         PROMOTE_EVERY=promote_every,
         WARP_SPECIALIZE=config.warp_specialize and not on_interpreter,
-        PERSISTENT=config.persistent, num_warps=config.num_warps, num_stages=config.num_stages,
+        PERSISTENT=config.persistent, PROMOTE_LAGGED=config.promote_lagged,
+        DEVICE_DESCRIPTORS=config.device_descriptors,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )

@@ -1,58 +1,70 @@
-"""Exact top-k of indexer scores in Triton: four or five launches, the scores read twice.
+"""Exact top-k of indexer scores in Triton: five launches, the scores read twice.
 
 Contract: `atomk31.ops.topk` (`topk_positions`, and `topk_slots` = positions_to_slots of it):
-the k best positions of each row, higher score first, equal scores -> lower position (§4.6,
-§8 #6), -0.0 equal to +0.0 (§9 #6), rows shorter than k padded with -1.
+the set of the k best positions of each row (higher score first, equal scores -> lower
+position, §4.6, §8 #6; -0.0 equal to +0.0, §9 #6) in ascending position order, rows shorter
+than k padded with -1.
 
-Stages (kernels in topk_collect.py, topk_warp_collect.py and topk_finish.py):
-  1. topk_group_max_kernel: per-chunk maxima of NUM_GROUPS strided groups of each row;
+Stages (kernels in topk_collect.py, topk_warp_collect.py, topk_staged_collect.py and
+topk_finish.py):
+  1. topk_group_max_kernel: per-chunk maxima of NUM_GROUPS strided groups of each row (and
+     the zeroing of the finish's bitmap);
   2. topk_threshold_kernel (one program per row): T0, the need-th largest group maximum
      (or, with `threshold_slack`, a key a little below it found in fewer search rounds);
   3. the collect, a streaming filter: the scores >= T0 into a per-row candidate buffer
-     (about 1.4 k of them for scores in random order): `collect="warp"`,
-     topk_warp_collect_kernel (one-warp programs, many per multiprocessor); "lane",
-     topk_lane_collect_kernel (the same in a third of the instructions); "stream",
-     topk_stream_collect_kernel (round 2's final default); "round2", topk_collect_kernel;
+     (about 1.4 k of them for scores in random order): `collect="staged"` (the default),
+     topk_staged_collect_kernel (one-warp programs, many per multiprocessor, each staging
+     its candidates and reserving room in the row's buffer once); "warp",
+     topk_warp_collect_kernel (the same with an atomic add per tile: round 3's default,
+     faster when every score is a candidate). Removed: the "lane", "stream" and "round2"
+     collects (each slower on the H200, in every case, than the staged or the warp collect:
+     benchmarks/results/*_rounds_log.txt), and stage 1's hand-written prefetch
+     (group_max_prefetch: within 1.2% of none in round 2's tuning, superseded by the
+     pipelined loads of group_max_stages);
   4. the finish: topk_overflow_kernel (a row whose candidates overflow the buffer rescans
-     its row; other rows return at once), then topk_finish_kernel (`finish_split` programs
-     per row, each ranking one slice of the output after a search for its boundary ranks).
-     One tl.sort of all of a row's candidates instead was measured slower on the H200 in
-     every case (e.g. 101 vs 92 us at 64 x 128K) and is gone.
-No host synchronisation and no memset: stage 1 zeroes the counters stage 3 uses, and all
-workspaces share one allocation. The candidate buffer holds positions and raw score bits.
+     its row; other rows return at once), then topk_finish_kernel (one program per row: the
+     exact cut among the candidates, then the selected positions in ascending order through
+     a bitmap and a prefix sum of popcounts, no sort).
+No host synchronisation and no memset: stage 1 zeroes the counters stage 3 uses and the
+bitmap the finish uses, and all workspaces share one allocation. The candidate buffer holds
+positions and raw score bits.
 """
 
 import functools
 
 import torch
 import triton
+from triton.runtime import driver
 
 from atomk31.triton_kernels.runtime import runs_on_interpreter
 from atomk31.triton_kernels.topk_collect import (
     chunking,
     histogram_bins,
     num_groups_for,
-    stream_chunking,
-    topk_collect_kernel,
     topk_group_max_kernel,
-    topk_stream_collect_kernel,
     topk_threshold_kernel,
 )
 from atomk31.triton_kernels.topk_finish import topk_finish_kernel, topk_overflow_kernel
-from atomk31.triton_kernels.topk_warp_collect import (
-    topk_lane_collect_kernel,
-    topk_warp_collect_kernel,
+from atomk31.triton_kernels.topk_staged_collect import (
+    ballot_rank_asm,
+    ballot_rank_constraints,
+    topk_staged_collect_kernel,
 )
+from atomk31.triton_kernels.topk_warp_collect import topk_warp_collect_kernel
 
 MAX_K = 4096  # the candidate buffer of a row (2 k) is held in one program
-BLOCK = 4096  # positions per tile of round 2's collect and of the overflow rescan
-COLLECTS = ("warp", "lane", "stream", "round2")
+OVERFLOW_BLOCK = 4096  # positions per tile of the overflow rescan
+# ... and of the rescan inside the finish (fuse_overflow): 4096 spilled the finish there
+# (24 B of stack at 16 warps, sm_90, triton 3.9), 2048 did not.
+RESCAN_BLOCK = 2048
+COLLECTS = ("warp", "staged")
 # Per collect: (programs per multiprocessor, positions per tile, warps) unless given.
-# The lane collect's tile is 8 scores per thread: 256 num_warps (collect_block is ignored).
-COLLECT_DEFAULTS = {"warp": (16, 256, 1), "lane": (16, 256, 1), "stream": (4, 2048, 4),
-                    "round2": (0, BLOCK, 0)}
+COLLECT_DEFAULTS = {"warp": (16, 256, 1), "staged": (16, 256, 1)}
 WORKSPACE_ALIGN = 64  # int32 elements: each workspace part starts 256-byte aligned
-MIN_SLICE = 16  # output ranks per finish program, at least
+MIN_K_PAD = 16  # k is padded to a power of two, at least this (NUM_GROUPS = 2 k_pad >= 32)
+# Bitmap words (of 32 positions each) per step of the finish's prefix sum: ~2.5 us a step on
+# the H200 (8 steps at 1M); 8192 spills the finish (40 B at 16 warps, sm_90, triton 3.9).
+SCAN_BLOCK = 4096
 
 
 def topk_triton(
@@ -64,48 +76,56 @@ def topk_triton(
     block_size: int = 1,
     programs_per_row: int | None = None,
     capacity_factor: int = 2,
-    collect_warps: int | None = None,
+    group_max_warps: int | None = None,
     finish_warps: int = 16,
-    finish_split: int = 1,
-    search_ways: int = 16,
+    threshold_warps: int = 16,
+    search_ways: int = 64,
     threshold_ways: int = 64,
     threshold_slack: int = 64,
-    group_max_prefetch: bool = False,
     group_max_stages: int = 3,
     threshold_parts: int = 4,
-    collect: str = "warp",
+    collect: str = "staged",
     collect_programs_per_sm: int | None = None,
     collect_block: int | None = None,
-    stream_warps: int | None = None,
-    stream_stages: int = 8,
+    collect_program_warps: int | None = None,
+    collect_stages: int = 8,
+    staging_pieces: int = 4,
+    staged_ballot: bool = True,
+    fuse_overflow: bool = False,
     stages: int = 5,
 ) -> torch.Tensor:
     """Positions [Nq, k] int32 of each row's k best scores (or their cache slots when
-    block_table [N, max_blocks] and row_request [Nq] are given), best first, -1 padded.
+    block_table [N, max_blocks] and row_request [Nq] are given), in ascending position
+    order, -1 padded.
 
-    scores [Nq, L] fp32 (no NaN), lengths [Nq] in [0, L]; k <= MAX_K. Defaults: round 3's
-    measured winners on the H200 (64 rows, graph us: 128K / 1M; round 2's launch 114 / 462):
-    the warp collect with the select finish (102 / 283), the threshold search with slack 64
-    and stage 1 at half the programs and 3 stages (each measured alone on round 3's pipeline).
+    scores [Nq, L] fp32 (no NaN), lengths [Nq] in [0, L]; k <= MAX_K. Defaults: the
+    measured winners on the H200 (64 rows, graph us: 128K / 1M): session 4 round 1, with the
+    bitmap finish: the staged collect with ballots (55.2 / 197.0; staged with tl.cumsum 60.5 /
+    205.5; the warp collect 73.2 / 264.6; round 3's launch, sorting finish: 91.5 / 268.3) and
+    the finish's search at 64 ways (2.3 / 3.1 us less than 16 on the warp launch); from round
+    3: the threshold search with slack 64, stage 1 at half the programs and 3 stages. (Scores
+    all equal, where every score is a candidate, favour the warp collect: 82 against 105.)
     Tuning:
-    `programs_per_row` (stage 1, and stage 3 of the round-2 collect; default: 2 programs per
-    multiprocessor over all rows), `capacity_factor` (candidate buffer = that many times the
-    padded k, a power of two), `collect_warps` (stage 1 and the round-2 collect; default 4 on
-    NVIDIA, faster on the H200 in round 1, else 8: gfx942 spills scalar registers at 4),
-    `finish_warps` (stages 2 and 4: 16 holds the select finish under 128 registers on the
-    H200; 32 only on NVIDIA), `finish_split` (programs per row of the select finish, a power
-    of two; 1 was fastest on the H200 in round 2), `search_ways` (bins per round of the select
-    finish's searches, a power of two), `threshold_ways` (the same for stage 2: 64 takes 4
-    rounds where 16 takes 6), `threshold_slack` (stage 2 may stop at a T0 that up to that
-    many more group maxima reach; -1: the exact need-th largest), `collect` ("warp", "lane",
-    "stream" or "round2", see the module docstring) with `collect_programs_per_sm` programs
-    per multiprocessor over all rows, `collect_block` positions per tile, a power of two, and
-    `stream_warps` warps per program (defaults per collect: COLLECT_DEFAULTS; round 2's
-    collect runs on stage 1's grid), `stream_stages` (the warp and lane collects' loads in
-    flight, in tiles, through Triton's pipeliner; 1 for the warp collect: the next tile's
-    load issued by hand), `group_max_prefetch` (stage 1 loads its
-    next tile while reducing the current one, by hand), `group_max_stages` (else stage 1's
-    loads pipelined that many tiles deep; 1: not), `threshold_parts` (stage 2 merges that many
+    `programs_per_row` (stage 1; default: 2 programs per multiprocessor over all rows),
+    `capacity_factor` (candidate buffer = that many times the padded k, a power of two),
+    `group_max_warps` (stage 1; default 4 on NVIDIA, faster on the H200 in round 1, else 8:
+    gfx942 spills scalar registers at 4), `finish_warps` (the overflow rescan and the
+    finish), `threshold_warps` (stage 2: its search's block reductions are cheaper with
+    fewer warps, its per-thread work larger), `search_ways` (bins per round of the finish's
+    cut search, a power of two), `threshold_ways` (the same for stage 2: 64 takes 4 rounds
+    where 16 takes 6), `threshold_slack` (stage 2 may stop at a T0 that up to that many more
+    group maxima reach; -1: the exact need-th largest), `collect` ("staged" or "warp", see
+    the module docstring) with `collect_programs_per_sm` programs per multiprocessor over
+    all rows, `collect_block` positions per tile, a power of two, and
+    `collect_program_warps` warps per program (defaults per collect: COLLECT_DEFAULTS),
+    `collect_stages` (the collect's loads in flight, in tiles, through Triton's pipeliner; 1
+    for the warp collect: the next tile's load issued by hand), `staging_pieces` (the staged
+    collect's slice per program, in tiles: it moves to the row's buffer when full and at the
+    end), `staged_ballot` (the staged collect ranks a tile's candidates with warp ballots
+    instead of tl.cumsum: NVIDIA with one-warp programs only, ignored elsewhere),
+    `fuse_overflow` (the finish rescans an overflowing row itself: one launch fewer; NVIDIA
+    only, ignored elsewhere: SGPR spills on AMD), `group_max_stages` (stage 1's loads
+    pipelined that many tiles deep; 1: not), `threshold_parts` (stage 2 merges that many
     chunks' maxima per load, a power of two; 1: round 2's one chunk at a time).
     `stages` < 5 launches only the first stages (for timing them; the output is then not
     written).
@@ -131,17 +151,19 @@ def topk_triton(
     default_programs_per_sm, default_block, default_warps = COLLECT_DEFAULTS[collect]
     collect_programs_per_sm = collect_programs_per_sm or default_programs_per_sm
     collect_block = collect_block or default_block
-    stream_warps = stream_warps or default_warps
-    if collect != "round2" and collect_programs_per_sm < 1:
+    collect_program_warps = collect_program_warps or default_warps
+    if collect_programs_per_sm < 1:
         raise ValueError(f"collect_programs_per_sm must be >= 1, got {collect_programs_per_sm}")
-    for name, value in (("finish_split", finish_split), ("search_ways", search_ways),
+    for name, value in (("search_ways", search_ways),
                         ("threshold_ways", threshold_ways), ("threshold_parts", threshold_parts),
                         ("collect_block", collect_block)):
         if value < 1 or value & (value - 1):
             raise ValueError(f"{name} must be a power of two >= 1, got {value}")
-    if stream_stages < 1 or group_max_stages < 1:
-        raise ValueError(f"stream_stages and group_max_stages must be >= 1, got "
-                         f"{stream_stages} and {group_max_stages}")
+    if staging_pieces < 1:
+        raise ValueError(f"staging_pieces must be >= 1, got {staging_pieces}")
+    if collect_stages < 1 or group_max_stages < 1:
+        raise ValueError(f"collect_stages and group_max_stages must be >= 1, got "
+                         f"{collect_stages} and {group_max_stages}")
     if threshold_slack < -1:
         raise ValueError(f"threshold_slack must be >= -1 (-1: exact), got {threshold_slack}")
     out = torch.empty(num_rows, k, dtype=torch.int32, device=scores.device)
@@ -150,65 +172,72 @@ def topk_triton(
     if scores.stride(-1) != 1:
         scores = scores.contiguous()
     is_interpreter = runs_on_interpreter(topk_finish_kernel)  # TRITON_INTERPRET=1
-    block = 64 if is_interpreter else BLOCK
-    k_pad = max(MIN_SLICE, triton.next_power_of_2(k))
+    is_cuda = not is_interpreter and driver.active.get_current_target().backend == "cuda"
+    overflow_block = 64 if is_interpreter else OVERFLOW_BLOCK
+    k_pad = max(MIN_K_PAD, triton.next_power_of_2(k))
     num_groups = num_groups_for(k_pad)
     capacity = capacity_factor * k_pad
-    if collect_warps is None:
+    if group_max_warps is None:
         is_nvidia = scores.device.type == "cuda" and torch.version.hip is None
-        collect_warps = 4 if is_nvidia else 8
+        group_max_warps = 4 if is_nvidia else 8
     if programs_per_row is None:
         # Half of round 2's 4 programs per multiprocessor over all rows, rounded as measured
         # on the H200 in round 3 (4 per row at 64 rows: 128 / 298 us against 131 / 309 at 9).
         num_programs_wanted = 1 if is_interpreter else 4 * _num_sms(scores.device)
         programs_per_row = max(1, triton.cdiv(num_programs_wanted, num_rows) // 2)
     chunk_size, num_chunks = chunking(num_positions, num_groups, programs_per_row)
+    tile = 16 if is_interpreter else collect_block
+    # Rounded down: a grid just over a whole number of resident waves would add a wave for a
+    # few programs.
+    collect_programs = collect_programs_per_sm * _num_sms(scores.device)
+    collect_chunk_size, collect_chunks = chunking(
+        num_positions, tile, max(1, collect_programs // num_rows))
+    # The staged collect's slices: one per program, staging_pieces tiles of (position, bits).
+    stage_size = num_rows * collect_chunks * staging_pieces * tile if collect == "staged" else 0
 
-    # int32 parts; the last one holds int64 finish scratch (2 int32 per entry).
+    # The finish's bitmap (one bit per position) and its words' prefix sums: rows 128-byte
+    # aligned, so no two rows share a cache line.
+    num_words = triton.cdiv(num_positions, 32)
+    words_per_row = triton.cdiv(num_words, 32) * 32
+    # int32 parts.
     sizes = [num_rows * num_chunks * num_groups, num_rows, num_rows, num_rows * capacity,
-             num_rows * capacity, 2 * num_rows * k_pad]
+             num_rows * capacity, num_rows * words_per_row, num_rows * words_per_row,
+             stage_size, stage_size]
     sizes = [triton.cdiv(size, WORKSPACE_ALIGN) * WORKSPACE_ALIGN for size in sizes]
     workspace = torch.empty(sum(sizes), dtype=torch.int32, device=scores.device)
-    partial_max, counter, threshold, candidate_pos, candidate_bits, selected = torch.split(
-        workspace, sizes)
+    (partial_max, counter, threshold, candidate_pos, candidate_bits, bitmap, prefix,
+     stage_pos, stage_bits) = torch.split(workspace, sizes)
 
-    grid = (num_rows, num_chunks)
-    topk_group_max_kernel[grid](
-        scores, lengths, partial_max, counter, chunk_size, num_chunks, scores.stride(0),
-        NUM_GROUPS=num_groups, PREFETCH=group_max_prefetch, STAGES=group_max_stages,
-        num_warps=collect_warps)
+    topk_group_max_kernel[(num_rows, num_chunks)](
+        scores, lengths, partial_max, counter, bitmap, chunk_size, num_chunks,
+        scores.stride(0), num_words, words_per_row,
+        NUM_GROUPS=num_groups, STAGES=group_max_stages, num_warps=group_max_warps)
     if stages < 2:
         return out
     topk_threshold_kernel[(num_rows,)](
         partial_max, lengths, threshold, k, num_chunks,
         NUM_GROUPS=num_groups, WAYS=max(2, threshold_ways),
         BINS=histogram_bins(max(2, threshold_ways)), PARTS=threshold_parts,
-        SLACK=threshold_slack, num_warps=finish_warps)
+        SLACK=threshold_slack, num_warps=threshold_warps)
     if stages < 3:
         return out
-    if collect == "round2":
-        topk_collect_kernel[grid](
-            scores, lengths, counter, threshold, candidate_pos, candidate_bits,
-            chunk_size, scores.stride(0), capacity, BLOCK=block, num_warps=collect_warps)
+    if collect == "staged":
+        # One-warp programs on NVIDIA order their staging through __syncwarp (see sync_warp)
+        # and may rank candidates with ballots (PTX).
+        is_cuda_warp = is_cuda and collect_program_warps == 1
+        is_ballot = staged_ballot and is_cuda_warp
+        topk_staged_collect_kernel[(num_rows, collect_chunks)](
+            scores, lengths, counter, threshold, candidate_pos, candidate_bits, stage_pos,
+            stage_bits, collect_chunk_size, scores.stride(0), capacity, BLOCK=tile,
+            PIECES=staging_pieces, STAGES=collect_stages, WARP_SYNC=is_cuda_warp,
+            RANK_ASM=ballot_rank_asm(tile // 32) if is_ballot else "",
+            RANK_CONSTRAINTS=ballot_rank_constraints(tile // 32) if is_ballot else "",
+            num_warps=collect_program_warps)
     else:
-        tile = 16 if is_interpreter else collect_block
-        if collect == "lane":  # 8 scores per thread: 4 threads under the interpreter
-            tile = 32 if is_interpreter else 256 * stream_warps
-        # Rounded down: a grid just over a whole number of resident waves would add a wave
-        # for a few programs.
-        collect_programs = collect_programs_per_sm * _num_sms(scores.device)
-        stream_chunk_size, stream_chunks = stream_chunking(
-            num_positions, tile, max(1, collect_programs // num_rows))
-        if collect == "warp":
-            kernel, options = topk_warp_collect_kernel, {"BLOCK": tile, "STAGES": stream_stages}
-        elif collect == "lane":
-            kernel, options = topk_lane_collect_kernel, {"LANES": tile // 8,
-                                                         "STAGES": stream_stages}
-        else:
-            kernel, options = topk_stream_collect_kernel, {"BLOCK": tile}
-        kernel[(num_rows, stream_chunks)](
+        topk_warp_collect_kernel[(num_rows, collect_chunks)](
             scores, lengths, counter, threshold, candidate_pos, candidate_bits,
-            stream_chunk_size, scores.stride(0), capacity, num_warps=stream_warps, **options)
+            collect_chunk_size, scores.stride(0), capacity, BLOCK=tile, STAGES=collect_stages,
+            num_warps=collect_program_warps)
     if write_slots:
         table, requests, max_blocks = block_table, row_request, block_table.shape[1]
     else:
@@ -216,18 +245,23 @@ def topk_triton(
     table_stride = table.stride(0) if write_slots else 0
     if stages < 4:
         return out
-    topk_overflow_kernel[(num_rows,)](
-        scores, lengths, counter, threshold, candidate_pos, candidate_bits, k,
-        scores.stride(0), CAPACITY=capacity, BLOCK=block, num_warps=finish_warps)
+    is_fused = fuse_overflow and (is_cuda or is_interpreter)
+    if not is_fused:
+        topk_overflow_kernel[(num_rows,)](
+            scores, lengths, counter, threshold, candidate_pos, candidate_bits, k,
+            scores.stride(0), CAPACITY=capacity, BLOCK=overflow_block,
+            num_warps=finish_warps)
     if stages < 5:
         return out
-    slice_size = max(MIN_SLICE, k_pad // finish_split)
     ways = max(2, search_ways)
-    topk_finish_kernel[(num_rows, k_pad // slice_size)](
-        lengths, counter, candidate_pos, candidate_bits, selected.view(torch.int64), table,
-        requests, out, k, max_blocks, block_size.bit_length() - 1, table_stride,
-        CAPACITY=capacity, SLICE=slice_size, WAYS=ways, BINS=histogram_bins(ways),
-        WRITE_SLOTS=write_slots, num_warps=finish_warps)
+    topk_finish_kernel[(num_rows,)](
+        lengths, counter, candidate_pos, candidate_bits, bitmap, prefix, table, requests, out,
+        scores, threshold, k, words_per_row, max_blocks, block_size.bit_length() - 1,
+        table_stride, scores.stride(0), CAPACITY=capacity, RESCAN=is_fused,
+        BLOCK=64 if is_interpreter else RESCAN_BLOCK, K_PAD=k_pad,
+        SCAN_BLOCK=16 if is_interpreter else SCAN_BLOCK,
+        WAYS=ways, BINS=histogram_bins(ways), WRITE_SLOTS=write_slots,
+        num_warps=finish_warps)
     return out
 
 

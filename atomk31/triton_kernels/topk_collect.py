@@ -1,4 +1,5 @@
-"""Top-k stages 1 and 2: strided group maxima, the threshold T0, the candidates >= T0.
+"""Top-k stage 1: strided group maxima, the threshold T0 (and the key helpers the finish
+shares).
 
 Scores become int32 keys that order like the floats (signed comparison). A row's positions
 fall into NUM_GROUPS strided groups, group g = {p : p % NUM_GROUPS == g}. With NUM_GROUPS >=
@@ -10,12 +11,8 @@ fills >= need groups) and for scores that rise or fall with the position.
   1. topk_group_max_kernel: several programs per row; each keeps a running maximum per group
      over its chunk in registers (no reductions, no atomics) and writes it out;
   1b. topk_threshold_kernel: one program per row merges the per-chunk maxima and finds T0
-     once (a many-way search: few dependent block reductions, see kth_largest_key);
-  2. topk_stream_collect_kernel (the default): the programs of a row (several per
-     multiprocessor) stream their chunks in small tiles, the next tile's load issued before
-     the current tile is filtered, and append the positions and keys >= T0 to the row's
-     candidate buffer, one atomic add per tile that has any; topk_collect_kernel is round 2's
-     version (4096-position tiles, one load in flight per program: latency-bound).
+     once (a many-way search: few dependent block reductions, see kth_largest_key).
+Stage 2, the candidates >= T0: topk_staged_collect.py (the default) or topk_warp_collect.py.
 """
 
 import triton
@@ -91,18 +88,19 @@ def kth_largest_key(b_key, need, low, WAYS: tl.constexpr, BINS: tl.constexpr,
 @triton.jit
 def topk_group_max_kernel(
     # pointers
-    scores_ptr, lengths_ptr, partial_max_ptr, counter_ptr,
+    scores_ptr, lengths_ptr, partial_max_ptr, counter_ptr, bitmap_ptr,
     # sizes and strides
-    chunk_size, num_chunks, stride_scores_row,
+    chunk_size, num_chunks, stride_scores_row, num_words, words_per_row,
     # meta-parameters
-    NUM_GROUPS: tl.constexpr, PREFETCH: tl.constexpr, STAGES: tl.constexpr,
+    NUM_GROUPS: tl.constexpr, STAGES: tl.constexpr,
 ):
     """partial_max[row, chunk, g] = max key of group g within the chunk (KEY_NONE if none);
-    also zeroes the row's candidate counter for stage 2. The maxima are taken on the fp32
-    scores (one max per score, the keys of the maxima at the end: the key orders like the
-    float, and -0.0 / +0.0 give one key). PREFETCH: the full tiles double buffered, then the
-    tail as without; else STAGES > 1: the full tiles' loads software pipelined that many tiles
-    deep (cp.async into shared memory on NVIDIA), then the tail."""
+    also zeroes the row's candidate counter for stage 2 and the chunk's words of the row's
+    bitmap (one bit per position, num_words = cdiv(L, 32)) for the finish. The maxima are
+    taken on the fp32 scores (one max per score, the keys of the maxima at the end: the key
+    orders like the float, and -0.0 / +0.0 give one key). STAGES > 1: the full tiles' loads
+    software pipelined that many tiles deep (cp.async into shared memory on NVIDIA), then the
+    tail; 1: every tile through the tail's loop."""
     i_row = tl.program_id(0)
     i_chunk = tl.program_id(1)
     if i_chunk == 0:
@@ -112,24 +110,18 @@ def topk_group_max_kernel(
     # chunk_size is a multiple of NUM_GROUPS, so lane g of every tile is group g, and group g
     # has a position in the chunk iff its first one, start + g, is before the end.
     start = i_chunk * chunk_size
-    end = tl.minimum(start + chunk_size, length)
     o_g = tl.arange(0, NUM_GROUPS)
+    # The chunk's bitmap words (NUM_GROUPS >= 32 divides chunk_size: whole words), whatever
+    # the row's length: the finish reads the words of positions < length.
+    p_bitmap = bitmap_ptr + i_row.to(tl.int64) * words_per_row
+    word_end = tl.minimum((start + chunk_size) // 32, num_words)
+    for word in range(start // 32, word_end, NUM_GROUPS):
+        tl.store(p_bitmap + word + o_g, tl.zeros((NUM_GROUPS,), tl.int32),
+                 mask=word + o_g < word_end)
+    end = tl.minimum(start + chunk_size, length)
     is_nonempty = start + o_g < end
     b_max = tl.full((NUM_GROUPS,), float("-inf"), tl.float32)
-    if PREFETCH:
-        # As topk_stream_collect_kernel: tile i + 1 loads while tile i is reduced.
-        num_full = tl.maximum(end - start, 0) // NUM_GROUPS
-        p_chunk = p_row + start
-        x = tl.zeros((NUM_GROUPS,), tl.float32)
-        if num_full > 0:
-            x = tl.load(p_chunk + o_g)
-        for i_tile in range(0, num_full):
-            i_next = tl.minimum(i_tile + 1, num_full - 1)
-            x_next = tl.load(p_chunk + i_next * NUM_GROUPS + o_g)
-            b_max = tl.maximum(b_max, x)
-            x = x_next
-        start += num_full * NUM_GROUPS
-    elif STAGES > 1:
+    if STAGES > 1:
         num_full = tl.maximum(end - start, 0) // NUM_GROUPS
         p_chunk = p_row + start
         for i_tile in tl.range(0, num_full, num_stages=STAGES):
@@ -184,101 +176,6 @@ def topk_threshold_kernel(
     tl.store(threshold_ptr + i_row, kth_largest_key(b_max, need, low, WAYS, BINS, SLACK))
 
 
-@triton.jit
-def topk_collect_kernel(
-    # pointers
-    scores_ptr, lengths_ptr, counter_ptr, threshold_ptr, candidate_pos_ptr, candidate_key_ptr,
-    # sizes and strides
-    chunk_size, stride_scores_row, candidate_capacity,
-    # meta-parameters
-    BLOCK: tl.constexpr,
-):
-    """Positions and keys >= T0 of the chunk -> the row's candidate buffer (in any order);
-    counter[row] ends as the row's number of candidates (it may exceed the capacity: then
-    only the first `candidate_capacity` are stored)."""
-    i_row = tl.program_id(0)
-    i_chunk = tl.program_id(1)
-    length = tl.load(lengths_ptr + i_row).to(tl.int32)
-    threshold = tl.load(threshold_ptr + i_row)
-    p_row = scores_ptr + i_row.to(tl.int64) * stride_scores_row
-    p_counter = counter_ptr + i_row
-    o_row_buffer = i_row.to(tl.int64) * candidate_capacity
-    start = i_chunk * chunk_size
-    end = tl.minimum(start + chunk_size, length)
-    for tile in range(start, end, BLOCK):
-        o_s = tile + tl.arange(0, BLOCK)
-        m_s = o_s < end
-        x = load_tile(p_row, o_s, m_s, tile + BLOCK <= end)
-        is_candidate = m_s & (orderable_key(x) >= threshold)
-        num_candidates = tl.sum(is_candidate.to(tl.int32))
-        if num_candidates > 0:
-            base = tl.atomic_add(p_counter, num_candidates, sem="relaxed")
-            o_out = base + tl.cumsum(is_candidate.to(tl.int32), 0) - 1
-            m_out = is_candidate & (o_out < candidate_capacity)
-            tl.store(candidate_pos_ptr + o_row_buffer + o_out, o_s, mask=m_out)
-            tl.store(candidate_key_ptr + o_row_buffer + o_out, x.to(tl.int32, bitcast=True),
-                     mask=m_out)
-
-
-@triton.jit
-def append_candidates(x, o_s, is_candidate, p_counter, p_pos, p_key, candidate_capacity):
-    """Append the (o_s, bits of the score x) pairs where is_candidate to a row's buffer
-    (p_pos, p_key): one atomic add reserves room; a tile without candidates costs nothing."""
-    num_candidates = tl.sum(is_candidate.to(tl.int32), 0)
-    if num_candidates > 0:
-        base = tl.atomic_add(p_counter, num_candidates, sem="relaxed")
-        o_out = base + tl.cumsum(is_candidate.to(tl.int32), 0) - 1
-        m_out = is_candidate & (o_out < candidate_capacity)
-        tl.store(p_pos + o_out, o_s, mask=m_out)
-        tl.store(p_key + o_out, x.to(tl.int32, bitcast=True), mask=m_out)
-
-
-@triton.jit
-def topk_stream_collect_kernel(
-    # pointers
-    scores_ptr, lengths_ptr, counter_ptr, threshold_ptr, candidate_pos_ptr, candidate_key_ptr,
-    # sizes and strides
-    chunk_size, stride_scores_row, candidate_capacity,
-    # meta-parameters
-    BLOCK: tl.constexpr,
-):
-    """topk_collect_kernel's result (same buffers, same counter), streamed: chunk_size is a
-    multiple of BLOCK; the full tiles load unmasked (16-byte loads) and tile i + 1 is loaded
-    before tile i is filtered, so a load is in flight while the compare, the atomic add and
-    the stores of the previous tile run (round 2's collect waited on each in turn)."""
-    i_row = tl.program_id(0)
-    i_chunk = tl.program_id(1)
-    length = tl.load(lengths_ptr + i_row).to(tl.int32)
-    threshold = tl.load(threshold_ptr + i_row)
-    p_row = scores_ptr + i_row.to(tl.int64) * stride_scores_row
-    p_counter = counter_ptr + i_row
-    o_row_buffer = i_row.to(tl.int64) * candidate_capacity
-    p_pos = candidate_pos_ptr + o_row_buffer
-    p_key = candidate_key_ptr + o_row_buffer
-    start = i_chunk * chunk_size
-    end = tl.minimum(start + chunk_size, length)
-    num_full = tl.maximum(end - start, 0) // BLOCK
-    o_b = tl.arange(0, BLOCK)
-    p_chunk = p_row + start
-    x = tl.zeros((BLOCK,), tl.float32)
-    if num_full > 0:
-        x = tl.load(p_chunk + o_b)
-    for i_tile in range(0, num_full):
-        # The last iteration reloads its own tile (in bounds, unmasked) instead of branching.
-        i_next = tl.minimum(i_tile + 1, num_full - 1)
-        x_next = tl.load(p_chunk + i_next * BLOCK + o_b)
-        append_candidates(x, start + i_tile * BLOCK + o_b, orderable_key(x) >= threshold,
-                          p_counter, p_pos, p_key, candidate_capacity)
-        x = x_next
-    tail = start + num_full * BLOCK
-    if tail < end:
-        o_s = tail + o_b
-        m_s = o_s < end
-        x = tl.load(p_row + o_s, mask=m_s, other=0.0)
-        append_candidates(x, o_s, m_s & (orderable_key(x) >= threshold), p_counter, p_pos,
-                          p_key, candidate_capacity)
-
-
 def histogram_bins(ways: int) -> int:
     """Bins of kth_largest_key's histogram: WAYS + 1 used, padded to a power of two that is a
     multiple of every warp size (32 on NVIDIA, 64 on AMD)."""
@@ -290,17 +187,12 @@ def num_groups_for(k_pad: int) -> int:
     return 2 * k_pad
 
 
-def chunking(num_positions: int, num_groups: int, programs_per_row: int) -> tuple[int, int]:
-    """(chunk_size, num_chunks): chunks are whole multiples of num_groups positions."""
-    num_tiles = max(1, triton.cdiv(num_positions, num_groups))
+def chunking(num_positions: int, tile: int, programs_per_row: int) -> tuple[int, int]:
+    """(chunk_size, num_chunks) of a row split among programs_per_row programs (fewer if the
+    row has fewer tiles): chunks are whole multiples of `tile` positions (stage 1: NUM_GROUPS;
+    the collect: its tile)."""
+    num_tiles = max(1, triton.cdiv(num_positions, tile))
     num_chunks = min(num_tiles, max(1, programs_per_row))
-    chunk_size = triton.cdiv(num_tiles, num_chunks) * num_groups
+    chunk_size = triton.cdiv(num_tiles, num_chunks) * tile
     return chunk_size, max(1, triton.cdiv(num_positions, chunk_size))
 
-
-def stream_chunking(num_positions: int, block: int, programs_per_row: int) -> tuple[int, int]:
-    """(chunk_size, num_chunks) of topk_stream_collect_kernel: whole multiples of block."""
-    num_tiles = max(1, triton.cdiv(num_positions, block))
-    num_chunks = min(num_tiles, max(1, programs_per_row))
-    chunk_size = triton.cdiv(num_tiles, num_chunks) * block
-    return chunk_size, max(1, triton.cdiv(num_positions, chunk_size))

@@ -1,8 +1,8 @@
-"""Top-k stage 3: the candidates of a row ranked and written as positions or cache slots.
+"""Top-k stage 3: a row's best candidates written in position order, as positions or slots.
 
 Usual case (the row's candidates fit the buffer): every candidate is >= T0 and every position
-outside the buffer is below T0, so the candidates ranked by (higher key, then lower position)
-start with the row's answer (§4.6, §8 #6).
+outside the buffer is below T0, so the row's answer is the best `need` of its candidates by
+(higher key, then lower position) (§4.6, §8 #6).
 
   3a. topk_overflow_kernel, one program per row, for the rare row whose candidates overflowed
      the buffer (many equal scores, e.g. all equal or a -inf tail; or group maxima that say
@@ -10,10 +10,12 @@ start with the row's answer (§4.6, §8 #6).
      when fewer than need keys exceed T0, the tied case; else by bisection over the row, slow
      but exact), and writes the keys > T and the lowest positions with key == T, `need` of
      them, into the buffer. Other rows return at once.
-  3b. topk_finish_kernel, SPLIT programs per row: program s owns the ranks [s R, (s + 1) R).
-     It finds the candidates at its two boundary ranks by a many-way search on the keys
-     (then on the positions among equal keys), keeps the R candidates between them, sorts
-     only those and writes its slice of the output.
+  3b. topk_finish_kernel, one program per row: the exact cut among the candidates (the
+     need-th largest key T by a many-way search; keys > T all in, keys == T the lowest
+     positions), then the selected positions written in ascending order through a bitmap
+     and a prefix sum of its words' popcounts: no sort (the output's order is positions, see
+     `atomk31.ops.topk`). Round 3's finish sorted 2048 (key, position) pairs per row
+     (~42 us of 91.5 at 64 x 128K on the H200).
 """
 
 import triton
@@ -82,6 +84,40 @@ def collect_best_of_row(p_row, p_pos, p_key, length, need, threshold, BLOCK: tl.
 
 
 @triton.jit
+def popcount(word):
+    """Set bits of each int32 word: SWAR bit tricks (portable to HIP, exact under the
+    interpreter; no multiply, so no wrap-around for numpy to warn about)."""
+    x = word.to(tl.uint32, bitcast=True)
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    x = x + (x >> 8)
+    x = x + (x >> 16)
+    return (x & 63).to(tl.int32)
+
+
+@triton.jit
+def cut_of_candidates(key, p_pos, is_valid, need, WAYS: tl.constexpr, BINS: tl.constexpr):
+    """(key_cut, position_cut): the `need` best candidates (higher key, then lower position;
+    need <= the number of valid ones, whose keys are > KEY_NONE) are those with key > key_cut
+    and those with key == key_cut at positions <= position_cut (§8 #6). key_cut is the need-th
+    largest key; position_cut is 2^31 - 1 when every tie at it is taken. The positions are
+    loaded (from p_pos) only when some ties are left out: fewer registers in the search."""
+    key_low = tl.min(tl.where(is_valid, key, 2147483647), 0)
+    key_cut = kth_largest_key(key, need, key_low, WAYS, BINS)
+    is_tie = is_valid & (key == key_cut)
+    num_ties_wanted = need - tl.sum((key > key_cut).to(tl.int32), 0)
+    position_cut = tl.full((), 2147483647, tl.int32)
+    if tl.sum(is_tie.to(tl.int32), 0) > num_ties_wanted:
+        position = tl.load(p_pos + tl.arange(0, key.shape[0]), mask=is_tie, other=0)
+        # The num_ties_wanted-th lowest tied position: the largest of the negated ones.
+        negated = tl.where(is_tie, -position, KEY_NONE)
+        negated_low = tl.min(tl.where(is_tie, -position, 0), 0)  # -(highest tied position)
+        position_cut = -kth_largest_key(negated, num_ties_wanted, negated_low, WAYS, BINS)
+    return key_cut, position_cut
+
+
+@triton.jit
 def topk_overflow_kernel(
     # pointers
     scores_ptr, lengths_ptr, counter_ptr, threshold_ptr, candidate_pos_ptr, candidate_key_ptr,
@@ -91,7 +127,8 @@ def topk_overflow_kernel(
     CAPACITY: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """A row with more candidates than the buffer holds: its need best into the buffer, and
-    counter[row] = need."""
+    counter[row] = need. (Its own launch, ~1.2 us in a CUDA graph; the finish can do it
+    instead with RESCAN, except on AMD, where it then spills SGPRs on gfx942 / gfx950.)"""
     i_row = tl.program_id(0)
     if tl.load(counter_ptr + i_row) > CAPACITY:
         length = tl.load(lengths_ptr + i_row).to(tl.int32)
@@ -104,85 +141,81 @@ def topk_overflow_kernel(
 
 
 @triton.jit
-def candidate_at_rank(key, position, is_valid, key_low, rank, WAYS: tl.constexpr,
-                      BINS: tl.constexpr):
-    """(key, position) of the candidate of 0-based `rank` in the order higher key first, then
-    lower position; rank < the number of valid candidates (invalid ones hold KEY_NONE), whose
-    smallest key is key_low."""
-    key_at = kth_largest_key(key, rank + 1, key_low, WAYS, BINS)
-    num_above = tl.sum((key > key_at).to(tl.int32))
-    is_tie = is_valid & (key == key_at)
-    num_ties = tl.sum(is_tie.to(tl.int32))
-    if num_ties == 1:  # distinct keys, the usual case: no second search
-        position_at = tl.max(tl.where(is_tie, position, -1))
-    else:  # the (rank - num_above)-th lowest tied position: the largest of the negated ones
-        negated = tl.where(is_tie, -position, KEY_NONE)
-        negated_low = tl.min(tl.where(is_tie, -position, 0))  # -(the highest tied position)
-        position_at = -kth_largest_key(negated, rank - num_above + 1, negated_low, WAYS,
-                                       BINS)
-    return key_at, position_at
-
-
-@triton.jit
 def topk_finish_kernel(
     # pointers
-    lengths_ptr, counter_ptr, candidate_pos_ptr, candidate_key_ptr, selected_ptr,
-    block_table_ptr, row_request_ptr, out_ptr,
+    lengths_ptr, counter_ptr, candidate_pos_ptr, candidate_bits_ptr, bitmap_ptr, prefix_ptr,
+    block_table_ptr, row_request_ptr, out_ptr, scores_ptr, threshold_ptr,
     # sizes and strides
-    k, max_blocks, block_shift, stride_table_row,
+    k, words_per_row, max_blocks, block_shift, stride_table_row, stride_scores_row,
     # meta-parameters
     CAPACITY: tl.constexpr,  # candidates per row in the buffer, a power of two >= k
-    SLICE: tl.constexpr,  # output ranks per program, a power of two
+    RESCAN: tl.constexpr,  # do topk_overflow_kernel's job first (then it is not launched)
+    BLOCK: tl.constexpr,  # positions per tile of that rescan
+    K_PAD: tl.constexpr,  # k rounded up to a power of two
+    SCAN_BLOCK: tl.constexpr,  # bitmap words per step of the prefix sum
     WAYS: tl.constexpr, BINS: tl.constexpr, WRITE_SLOTS: tl.constexpr,
 ):
+    """One program per row: the row's `need` best candidates written in ascending position
+    order (or as their cache slots), then -1 up to k. No sort: the selected positions are
+    marked in the row's bitmap (one bit per position, zeroed by stage 1), the words' popcounts
+    prefix-summed, and each selected candidate's output index is the number of selected
+    positions before it: prefix[p >> 5] + popcount(word & ((1 << (p & 31)) - 1))."""
     i_row = tl.program_id(0)
-    i_slice = tl.program_id(1)
     length = tl.load(lengths_ptr + i_row).to(tl.int32)
     need = tl.minimum(k, length)
-    num_candidates = tl.load(counter_ptr + i_row)  # <= CAPACITY after topk_overflow_kernel
-    o_c = tl.arange(0, CAPACITY)
-    m_c = o_c < num_candidates
-    position = tl.load(candidate_pos_ptr + i_row.to(tl.int64) * CAPACITY + o_c, mask=m_c,
-                       other=0)
-    bits = tl.load(candidate_key_ptr + i_row.to(tl.int64) * CAPACITY + o_c, mask=m_c, other=0)
-    key = tl.where(m_c, orderable_key(bits.to(tl.float32, bitcast=True)), KEY_NONE)
-    # This program's ranks [first, last): the candidates at or after rank `first` and
-    # before rank `last`.
-    first = i_slice * SLICE
-    last = tl.minimum(first + SLICE, need)
-    is_chosen = o_c < tl.where(first < last, num_candidates, 0)  # none past the row's need
-    if first < last:
-        key_low = tl.min(tl.where(m_c, key, 2147483647))
-        if first > 0:
-            key_first, position_first = candidate_at_rank(
-                key, position, m_c, key_low, first, WAYS, BINS)
-            is_chosen = is_chosen & ((key < key_first)
-                                     | ((key == key_first) & (position >= position_first)))
-        if last < num_candidates:
-            key_last, position_last = candidate_at_rank(
-                key, position, m_c, key_low, last, WAYS, BINS)
-            is_chosen = is_chosen & ((key > key_last)
-                                     | ((key == key_last) & (position < position_last)))
-    # Compact the chosen through this program's scratch slice, then sort them by
-    # (key, lower position first) in one int64: position < 2^31.
-    composite = (key.to(tl.int64) << 32) | (2147483647 - position).to(tl.int64)
-    p_selected = selected_ptr + (i_row.to(tl.int64) * tl.num_programs(1) + i_slice) * SLICE
-    o_out = tl.cumsum(is_chosen.to(tl.int32), 0) - 1
-    tl.store(p_selected + o_out, composite, mask=is_chosen & (o_out < SLICE))  # <= SLICE chosen
-    tl.debug_barrier()  # the slice written above is read back by other threads below
-    o_r = tl.arange(0, SLICE)
-    m_r = o_r < last - first
-    composite = tl.load(p_selected + o_r, mask=m_r, other=-9223372036854775808)
-    composite = tl.sort(composite, 0, descending=True)
-    out = tl.where(m_r, (2147483647 - (composite & 2147483647)).to(tl.int32), -1)
-    if WRITE_SLOTS:
-        # block_size = 2^block_shift: shifts, not divisions by a run-time value.
-        p_request = row_request_ptr + i_row  # a vector load: frees scalar registers (AMD)
-        request = tl.load(p_request + tl.zeros_like(o_r)).to(tl.int64)
-        column = out >> block_shift
-        block = tl.load(block_table_ptr + request * stride_table_row + column,
-                        mask=(out >= 0) & (column < max_blocks), other=-1)
-        offset = out & ((1 << block_shift) - 1)
-        out = tl.where(block >= 0, (block << block_shift) + offset, -1)
-    o_col = first + o_r
-    tl.store(out_ptr + i_row.to(tl.int64) * k + o_col, out, mask=o_col < k)  # out: [Nq, k]
+    p_out = out_ptr + i_row.to(tl.int64) * k  # out: [Nq, k]
+    o_k = tl.arange(0, K_PAD)
+    tl.store(p_out + o_k, tl.full((K_PAD,), -1, tl.int32), mask=(o_k >= need) & (o_k < k))
+    if need > 0:
+        o_row_buffer = i_row.to(tl.int64) * CAPACITY
+        p_pos = candidate_pos_ptr + o_row_buffer
+        p_bits = candidate_bits_ptr + o_row_buffer
+        num_candidates = tl.load(counter_ptr + i_row)  # <= CAPACITY after the overflow stage
+        if RESCAN:
+            if num_candidates > CAPACITY:
+                collect_best_of_row(scores_ptr + i_row.to(tl.int64) * stride_scores_row,
+                                    p_pos, p_bits, length, need,
+                                    tl.load(threshold_ptr + i_row), BLOCK)
+                num_candidates = need
+                tl.debug_barrier()  # the buffer written above is read by other threads below
+        o_c = tl.arange(0, CAPACITY)
+        m_c = o_c < num_candidates
+        bits = tl.load(p_bits + o_c, mask=m_c, other=0)
+        key = tl.where(m_c, orderable_key(bits.to(tl.float32, bitcast=True)), KEY_NONE)
+        key_cut, position_cut = cut_of_candidates(key, p_pos, m_c, need, WAYS, BINS)
+        position = tl.load(p_pos + o_c, mask=m_c, other=0)
+        is_selected = m_c & ((key > key_cut) | ((key == key_cut) & (position <= position_cut)))
+        p_bitmap = bitmap_ptr + i_row.to(tl.int64) * words_per_row
+        p_prefix = prefix_ptr + i_row.to(tl.int64) * words_per_row
+        tl.atomic_or(p_bitmap + (position >> 5), tl.full((CAPACITY,), 1, tl.int32)
+                     << (position & 31), mask=is_selected, sem="relaxed")
+        # The bitmap and prefix words are read back by other threads of the program: a
+        # barrier, and loads from L2 (.cg), where the atomics and stores land.
+        tl.debug_barrier()
+        num_words = tl.cdiv(length, 32)
+        total = tl.zeros((), tl.int32)
+        for start in range(0, num_words, SCAN_BLOCK):
+            o_w = start + tl.arange(0, SCAN_BLOCK)
+            m_w = o_w < num_words
+            count = popcount(tl.load(p_bitmap + o_w, mask=m_w, other=0, cache_modifier=".cg"))
+            tl.store(p_prefix + o_w, total + tl.cumsum(count, 0) - count, mask=m_w)
+            total += tl.sum(count, 0)
+        tl.debug_barrier()
+        word_index = position >> 5
+        bit = position & 31
+        word = tl.load(p_bitmap + word_index, mask=is_selected, other=0, cache_modifier=".cg")
+        before = tl.load(p_prefix + word_index, mask=is_selected, other=0,
+                         cache_modifier=".cg")
+        below_bit = (tl.full((CAPACITY,), 1, tl.uint32) << bit.to(tl.uint32)) - 1
+        rank = before + popcount(word.to(tl.uint32, bitcast=True) & below_bit)
+        out = position
+        if WRITE_SLOTS:
+            # block_size = 2^block_shift: shifts, not divisions by a run-time value.
+            p_request = row_request_ptr + i_row  # a vector load: frees scalar registers (AMD)
+            request = tl.load(p_request + tl.zeros_like(o_c)).to(tl.int64)
+            column = position >> block_shift
+            block = tl.load(block_table_ptr + request * stride_table_row + column,
+                            mask=is_selected & (column < max_blocks), other=-1)
+            offset = position & ((1 << block_shift) - 1)
+            out = tl.where(block >= 0, (block << block_shift) + offset, -1)
+        tl.store(p_out + rank, out, mask=is_selected)

@@ -9,11 +9,13 @@ about 1e-3 expected) and timed. Figures: weight bytes of the experts in use (pac
 measured side by side: torch._grouped_mm on the same routing with BF16 weights (4x the weight
 bytes). Routing is timed alone and with the default experts path. Up to 64 tokens every
 variant is timed both as CUDA-graph replays (``ms``, what a captured decode step pays: no
-launch overhead) and eagerly (``eager_ms``); the ratios use the graph figure. The opt-in MXFP8
-down activations (``fp8_down_activations``, grouped GEMMs) are timed at 16 and 4096 tokens
-against the torch op with the same option.
+launch overhead) and eagerly (``eager_ms``); the ratios use the graph figure. Without --quick,
+the opt-in MXFP8 down activations (``fp8_down_activations``, grouped GEMMs) are timed at 16 and
+4096 tokens against the torch op with the same option. Each variant's line is printed as soon
+as it is measured, and the JSON is rewritten after each batch size.
 
 Run: python -m benchmarks.kernels.bench_moe [--out DIR] [--tokens 1 16 4096] [--quick]
+(--quick: ~90 s on an H200, compiles included)
 """
 
 from __future__ import annotations
@@ -37,45 +39,63 @@ DEFAULT = "default"  # moe_experts_mxfp4_triton as the engine calls it
 
 
 def gemv(mode: str, block_n: int, block_k: int, num_warps: int = 4, num_stages: int = 3,
-         loop_stages: int = 0, one_factor: bool = False) -> tuple[str, dict]:
+         loop_stages: int = 0, one_factor: bool = False, gather_rows: bool | None = None,
+         block_m: int | None = None, max_registers: int | None = None) -> tuple[str, dict]:
     knobs = dict(mode=mode, block_n=block_n, block_k=block_k, num_warps=num_warps,
                  num_stages=num_stages, loop_stages=loop_stages)
-    return GEMV, knobs | (dict(one_factor=True) if one_factor else {})
+    if one_factor:
+        knobs["one_factor"] = True
+    if gather_rows is not None:
+        knobs["gather_rows"] = gather_rows
+    if gather_rows:
+        knobs["block_m"] = block_m
+    if max_registers is not None:
+        knobs["max_registers"] = max_registers
+    return GEMV, knobs
 
 
 def variants(num_tokens: int, quick: bool) -> dict[str, tuple[str, dict]]:
     """The designs / configurations timed side by side at this batch size. "default": BF16
-    on NVIDIA "dot_t_words" 64 x 256 up to 16 tokens, 128 x 128 at 64 (round 3); "words" =
-    dot_t_words (weights decoded two per op into tensor-core registers), "1f" its one-multiply
-    decode (scale range limited; these weights' scales are in it); "dot_t" / "fma" = round 2's
-    defaults; n / k = block_n / block_k, w = num_warps, s = num_stages."""
+    on NVIDIA "dot_t_words" 64 x 256, token rows up to 16 tokens, gathered rows at 17-64
+    (session 4); "words" = dot_t_words (weights decoded two per op into tensor-core
+    registers), "1f" its one-multiply decode (scale range limited; these weights' scales are
+    in it), "gather bmM" = a program's rows are its expert's own tokens, M at a time (instead
+    of all T: the tensor cores do T k / E rows' work, not T); n / k = block_n / block_k, w =
+    num_warps, s = num_stages, r = max_registers. --quick keeps each batch's main questions
+    (~30 compiles at ~1.2 s each: round 1 took 48 s with 22)."""
     cases: dict[str, tuple[str, dict]] = {"default": (DEFAULT, {})}
-    if num_tokens > 64:
-        return cases
-    words = {"words n64 k256 w4": gemv("dot_t_words", 64, 256),
-             "words n128 k128 w4": gemv("dot_t_words", 128, 128),
-             "words n128 k128 w8": gemv("dot_t_words", 128, 128, num_warps=8),
-             "words n64 k256 w4 s4": gemv("dot_t_words", 64, 256, num_stages=4),
-             "words n64 k256 w4 1f": gemv("dot_t_words", 64, 256, one_factor=True),
-             "words n128 k256 w8": gemv("dot_t_words", 128, 256, num_warps=8),
-             "words n64 k128 w4": gemv("dot_t_words", 64, 128)}
-    # The default's own configuration is timed as "default".
-    del words["words n64 k256 w4" if num_tokens <= 16 else "words n128 k128 w4"]
-    if quick:
-        words = {name: knobs for name, knobs in words.items()
-                 if name in ("words n64 k256 w4", "words n128 k128 w4", "words n128 k128 w8",
-                             "words n64 k256 w4 s4", "words n64 k256 w4 1f")}
-    cases |= words
-    if quick:                       # round 2 measured these (eager): 0.246 / 0.170 / 1.876 ms
-        return cases
-    if num_tokens == 1:
-        cases |= {"fma n32 k128 w4": gemv("fma", 32, 128),
-                  "dot_t n64 k128 w4": gemv("dot_t", 64, 128),
-                  "fma_f32 n32 k256 w4 ls2": gemv("fma_f32", 32, 256, loop_stages=2)}
-    elif num_tokens == 64:
-        cases |= {"dot_t n64 k128 w4": gemv("dot_t", 64, 128),
-                  "grouped bm16 n64 k128": (GROUPED, dict(block_m=16, block_n=64,
-                                                           block_k=128))}
+    if num_tokens <= 16:
+        # Round 1 (session 4): more programs per SM (s2 r80: 6 instead of 3) gained nothing
+        # (1 token: 9% slower), the one-multiply decode 7% at 4 / 16 tokens. k512 asks whether
+        # longer row segments per load (256 B instead of 128 B) stream better.
+        cases |= {"words n64 k512 s2": gemv("dot_t_words", 64, 512, num_stages=2),
+                  "words n64 k256 1f": gemv("dot_t_words", 64, 256, one_factor=True),
+                  "words n64 k512 s2 1f": gemv("dot_t_words", 64, 512, num_stages=2,
+                                               one_factor=True)}
+        if not quick:
+            cases |= {"words n64 k256 s2 r80": gemv("dot_t_words", 64, 256, num_stages=2,
+                                                    max_registers=80),
+                      "words n64 k256 s2 r80 1f": gemv("dot_t_words", 64, 256, num_stages=2,
+                                                       max_registers=80, one_factor=True),
+                      "words n64 k256 s2": gemv("dot_t_words", 64, 256, num_stages=2),
+                      "words n128 k128 w8": gemv("dot_t_words", 128, 128, num_warps=8),
+                      "words n128 k128 w4": gemv("dot_t_words", 128, 128)}
+    elif num_tokens <= 64:
+        # Default: gathered rows, 32 per chunk, 64 x 256 tiles, 2 stages, 128 registers.
+        cases |= {"token rows n128 k128": gemv("dot_t_words", 128, 128, gather_rows=False),
+                  "gather bm32 k128 r96": gemv("dot_t_words", 64, 128, gather_rows=True,
+                                               block_m=32, max_registers=96),
+                  "gather bm16 k256 s2 r128": gemv("dot_t_words", 64, 256, num_stages=2,
+                                                   gather_rows=True, block_m=16,
+                                                   max_registers=128)}
+        if not quick:
+            cases |= {"gather bm32 n64 k256": gemv("dot_t_words", 64, 256, gather_rows=True,
+                                                   block_m=32, num_stages=3),
+                      "grouped bm16 n64 k128": (GROUPED, dict(block_m=16, block_n=64,
+                                                              block_k=128))}
+    elif num_tokens >= 4096:
+        cases |= {"grouped bm128 n128 k128": (GROUPED, dict(block_m=128, block_n=128,
+                                                            block_k=128))}
     return cases
 
 
@@ -164,7 +184,11 @@ def run(token_counts: list[int], out_dir: Path | None, budget_s: float, quick: b
     }
     rows = []
     deadline = time.monotonic() + budget_s
+    print_header()
     for num_tokens in token_counts:
+        if time.monotonic() > deadline:
+            print(f"{num_tokens:>4} skipped: over the --budget-s time budget", flush=True)
+            continue
         graph = num_tokens <= 64
         z = torch.randn(num_tokens, LATENT, device=DEVICE, dtype=torch.bfloat16)
         weights, ids = moe_route_triton(z, router, bias, TOP_K, True, 1.0)
@@ -174,16 +198,21 @@ def run(token_counts: list[int], out_dir: Path | None, budget_s: float, quick: b
         flops = 6 * num_tokens * TOP_K * INTERMEDIATE * LATENT
         row = {"tokens": num_tokens, "experts_used": used, "weight_bytes": weight_bytes,
                "floor_bytes_us": weight_bytes / copy_bw * 1e6,
-               "floor_flops_us": flops / matmul_rate * 1e6}
+               "floor_flops_us": flops / matmul_rate * 1e6,
+               "routing_ms": time_ms(lambda: moe_route_triton(z, router, bias, TOP_K, True,
+                                                              1.0))}
+        rows.append(row)
+        print_floors(row)
         peer = grouped_mm_peer(z, ids, w13_bf16, w2_bf16)
         peer_bytes = used * 2 * 3 * INTERMEDIATE * LATENT              # BF16 weights in use
         if peer is not None:
             row["peer grouped_mm bf16"] = _timed(peer, peer_bytes, flops, copy_bw, matmul_rate,
                                                  float("nan"), graph)
+            print_variant(row, "peer grouped_mm bf16")
         peer_ms = row.get("peer grouped_mm bf16", {}).get("ms", float("nan"))
         cases = {name: (launchers[kind], knobs, expected)
                  for name, (kind, knobs) in variants(num_tokens, quick).items()}
-        if num_tokens in (16, 4096):
+        if num_tokens in (16, 4096) and not quick:        # measured in session 3: opt-in
             expected_fp8 = moe_experts_mxfp4_torch(z, weights, ids, *weights_mx, 4.0, 25.0,
                                                    fp8_down_activations=True)
             cases |= {name: (launchers[GROUPED], knobs, expected_fp8)
@@ -191,6 +220,7 @@ def run(token_counts: list[int], out_dir: Path | None, budget_s: float, quick: b
         for name, (launch, knobs, reference) in cases.items():
             if time.monotonic() > deadline:  # compiles are most of the time: stay in budget
                 row[name] = "skipped: over the --budget-s time budget"
+                print_variant(row, name)
                 continue
             step = lambda: launch(z, weights, ids, knobs)  # noqa: E731
             try:
@@ -198,51 +228,68 @@ def run(token_counts: list[int], out_dir: Path | None, budget_s: float, quick: b
                 timing = _timed(step, weight_bytes, flops, copy_bw, matmul_rate, peer_ms, graph)
             except Exception as failure:  # a variant that does not compile is reported
                 row[name] = f"failed: {type(failure).__name__}: {str(failure)[:200]}"
+                print_variant(row, name)
                 continue
             row[name] = {**timing, "relative_error": error, "correct": error <= TOLERANCE}
-        row["routing_ms"] = time_ms(lambda: moe_route_triton(z, router, bias, TOP_K, True, 1.0))
-        split_ids = moe_route_triton(z, router, bias, TOP_K, True, 1.0, split_router=True)[1]
-        row["routing_split_ids_match"] = bool(torch.equal(split_ids, ids))
+            print_variant(row, name)
 
-        def routed_step(split_router: bool):
+        def routed_step(split_router: bool | None):
             w, i = moe_route_triton(z, router, bias, TOP_K, True, 1.0, split_router=split_router)
             return moe_experts_mxfp4_triton(z, w, i, *weights_mx, 4.0, 25.0)
-        for name, split_router in (("default + routing", False),
-                                   ("default + split routing", True)):
+        routed = {"default + routing": None}
+        if not quick or num_tokens <= 16:     # both routers: 1 more compile
+            fused_ids = moe_route_triton(z, router, bias, TOP_K, True, 1.0, split_router=False)[1]
+            split_ids = moe_route_triton(z, router, bias, TOP_K, True, 1.0, split_router=True)[1]
+            row["routing_split_ids_match"] = bool(torch.equal(split_ids, fused_ids))
+            print(f"{num_tokens:>4} split router ids match the fused router's: "
+                  f"{row['routing_split_ids_match']}", flush=True)
+            routed["default + fused routing"] = False
+            routed["default + split routing"] = True
+        for name, split_router in routed.items():
             row[name] = _timed(lambda split=split_router: routed_step(split), weight_bytes,
                                flops, copy_bw, matmul_rate, peer_ms, graph)
-        rows.append(row)
-        print_table([row], header=len(rows) == 1)
-    payload = {"copy_bandwidth_bytes_per_s": copy_bw, "matmul_flops_per_s": matmul_rate,
-               "experts": NUM_EXPERTS, "top_k": TOP_K, "latent": LATENT,
-               "intermediate": INTERMEDIATE,
-               "timing": "ms = CUDA graph replay median up to 64 tokens (eager_ms beside it), "
-                         "eager (do_bench) above", "rows": rows}
-    path = write_result("moe_mxfp4", payload, out_dir)
+            print_variant(row, name)
+        # Written after every batch size: a run stopped at its time limit keeps its rows.
+        write_result("moe_mxfp4", payload(rows, copy_bw, matmul_rate), out_dir)
+    path = write_result("moe_mxfp4", payload(rows, copy_bw, matmul_rate), out_dir)
     print(f"wrote {path}")
     print_best(rows)
-    return payload
+    return payload(rows, copy_bw, matmul_rate)
 
 
-def print_table(rows: list[dict], header: bool = True) -> None:
-    if header:
-        print(f"{'T':>4} {'variant':>26} {'graph ms':>8} {'eager ms':>8} {'of copy':>7} "
-              f"{'of mma':>7} {'x peer':>6} {'err/bound':>9}", flush=True)
-    for row in rows:
-        print(f"{row['tokens']:>4} floors: bytes {row['floor_bytes_us']:.1f} us, flops "
-              f"{row['floor_flops_us']:.1f} us; {row['experts_used']} experts; routing "
-              f"{row['routing_ms'] * 1e3:.1f} us eager (split router ids match: "
-              f"{row['routing_split_ids_match']})")
-        for name, value in row.items():
-            if isinstance(value, dict):
-                error = value.get("relative_error", float("nan")) / TOLERANCE
-                print(f"{row['tokens']:>4} {name[:26]:>26} {value['graph_ms']:8.4f} "
-                      f"{value['eager_ms']:8.4f} {value['fraction_of_copy_bw']:7.3f} "
-                      f"{value['fraction_of_matmul_rate']:7.4f} "
-                      f"{value['speedup_vs_peer']:6.2f} {error:9.2e}"
-                      f"{'' if value.get('correct', True) else '  WRONG'}", flush=True)
-            elif isinstance(value, str):
-                print(f"{row['tokens']:>4} {name[:26]:>26} {value[:90]}", flush=True)
+def payload(rows: list[dict], copy_bw: float, matmul_rate: float) -> dict:
+    return {"copy_bandwidth_bytes_per_s": copy_bw, "matmul_flops_per_s": matmul_rate,
+            "experts": NUM_EXPERTS, "top_k": TOP_K, "latent": LATENT,
+            "intermediate": INTERMEDIATE,
+            "timing": "ms = CUDA graph replay median up to 64 tokens (eager_ms beside it), "
+                      "eager (do_bench) above", "rows": rows}
+
+
+def print_header() -> None:
+    print(f"{'T':>4} {'variant':>26} {'graph ms':>8} {'eager ms':>8} {'of copy':>7} "
+          f"{'of mma':>7} {'x peer':>6} {'x dflt':>6} {'err/bound':>9}", flush=True)
+
+
+def print_floors(row: dict) -> None:
+    print(f"{row['tokens']:>4} floors: bytes {row['floor_bytes_us']:.1f} us, flops "
+          f"{row['floor_flops_us']:.1f} us; {row['experts_used']} experts; routing "
+          f"{row['routing_ms'] * 1e3:.1f} us eager", flush=True)
+
+
+def print_variant(row: dict, name: str) -> None:
+    """One line per variant as soon as it is measured (x dflt: default ms / this ms)."""
+    value = row[name]
+    if isinstance(value, str):
+        print(f"{row['tokens']:>4} {name[:26]:>26} {value[:90]}", flush=True)
+        return
+    default = row.get("default")
+    speedup = default["ms"] / value["ms"] if isinstance(default, dict) else float("nan")
+    error = value.get("relative_error", float("nan")) / TOLERANCE
+    print(f"{row['tokens']:>4} {name[:26]:>26} {value['graph_ms']:8.4f} "
+          f"{value['eager_ms']:8.4f} {value['fraction_of_copy_bw']:7.3f} "
+          f"{value['fraction_of_matmul_rate']:7.4f} {value['speedup_vs_peer']:6.2f} "
+          f"{speedup:6.2f} {error:9.2e}{'' if value.get('correct', True) else '  WRONG'}",
+          flush=True)
 
 
 def print_best(rows: list[dict]) -> None:
@@ -263,14 +310,18 @@ def print_best(rows: list[dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64, 256, 4096])
+    parser.add_argument("--tokens", type=int, nargs="+", default=None,
+                        help="batch sizes (default 1 4 16 64 256 4096; --quick: 1 16 64 4096 4, "
+                             "4 last as it shares 16's compiles)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--budget-s", type=float, default=120.0,
                         help="skip the remaining variants after this many seconds")
     parser.add_argument("--quick", action="store_true",
                         help="fewer configurations (about 90 s on an H200)")
     args = parser.parse_args()
-    run(args.tokens, args.out, args.budget_s if not args.quick else min(args.budget_s, 85.0),
+    tokens = args.tokens or ([1, 16, 64, 4096, 4] if args.quick else [1, 4, 16, 64, 256, 4096])
+    # --quick: the whole command in ~90 s, of which ~10 s go to start-up and the two limits.
+    run(tokens, args.out, args.budget_s if not args.quick else min(args.budget_s, 68.0),
         args.quick)
 
 

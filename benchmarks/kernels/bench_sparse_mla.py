@@ -15,10 +15,11 @@ Floors on an H200 (~790 TFLOP/s bf16, ~4.25 TB/s copy): 16 rows 6.85 GFLOP = 8.7
 heads padded to 128 and the scores recomputed by both value halves ("vs2") the programs issue
 2.04x the counted products: that caps vs2 at ~49% of the GEMM rate.
 
-Variant names: bh heads per program, bn keys per step, s pipeline stages, sp key splits
-(default: the fewest that fill the multiprocessors), vm scores via memory, vs2 value halves,
-p1 the next tile's key rows read ahead (see mla_kernel.py), f16 FP16 products over the FP8
-latent (queries scaled into FP16's range: mla_fp16_query.py).
+Variant names: bh heads per program, bn keys per step, w4 four warps (one warpgroup; else
+eight), s pipeline stages, sp key splits (default: the fewest that fill the multiprocessors),
+vm scores via memory, vs2 value halves, p1 the next tile's key rows read ahead (see
+mla_kernel.py), f16 FP16 products over the FP8 latent (queries scaled into FP16's range:
+mla_fp16_query.py).
 
 Round 3 (H200, graph us; predictions in brackets): 64 rows: default bh128_bn64_s1_vs2 200.6
 (185); p1 237.7 (135); p1_f16 221.7 (125); bn32_s2_p1 258.5 (115); bn32_s2_p1_f16 238.0
@@ -31,6 +32,18 @@ its carried 64-bit row offsets spilled (56-64 B) with the reloads inside the run
 p1 now carries the int32 slots instead (24 B, reloads outside them). Final-round
 predictions: 64 rows bh128_bn64_s1_vs2_f16 ~187 us, p1_f16 185-215 us; 16 rows default and
 bh128_bn64_s1_sp4_vs2_f16 ~60-64 us, sp4_vs2_p1 (bf16) ~68 us, bh64 sp16 vm ~95 us.
+
+Session 4 (the gather's slots no longer go through an int64 division: 230 fewer instructions
+a tile), round 1 (H200, graph us; predictions in brackets): 64 rows bh128_bn64_s1_vs2_f16
+153.1 (178), now the default, 25.2% of GEMM; with the next tile's rows asked of L2
+(prefetch.global.L2) 152.0 (160); BF16 (the old default) 185.6 (190); one warpgroup a
+program, two programs a multiprocessor (bh64_bn32_w4_vs2_f16) 205.8 (140), with L2 requests
+184.0 (110); scores via memory bh64_bn64_s1_vm_f16 198.5 (190). 16 rows: the default
+(bh128_bn64_s1_sp4_vs2_p1_f16) 47.2 (60), 20.5%; with L2 requests 57.7 (52); w4 sp4 59.6
+(45), with L2 requests 61.4 (38). The L2 requests were removed (no gain at 64 rows, a loss
+at 16, where the selections sit in L2 between graph replays). Final-round predictions: 64 rows
+default ~153, p1_f16 ~150 (all row loads before the first product; 32 B of stack under 3.6),
+BF16 ~186; 16 rows default ~47, sp4_vs2_f16 (no read-ahead) ~55.
 
 Usage: python -m benchmarks.kernels.bench_sparse_mla [--out DIR] [--rows 16 64] [--quick]
 """
@@ -63,8 +76,10 @@ ERROR_BOUND = 1e-2  # the GPU tests' bound on the output's relative error (bf16 
 
 
 def knobs(block_h: int, block_n: int, num_stages: int, value_splits: int, prefetch: int = 0,
-          fp16: bool = False, num_splits: int | None = None, via_memory: bool = False) -> dict:
-    return {"block_h": block_h, "block_n": block_n, "num_warps": 8, "num_stages": num_stages,
+          fp16: bool = False, num_splits: int | None = None, via_memory: bool = False,
+          num_warps: int = 8) -> dict:
+    return {"block_h": block_h, "block_n": block_n, "num_warps": num_warps,
+            "num_stages": num_stages,
             "value_splits": value_splits, "prefetch": prefetch, "fp16_operands": fp16,
             "num_splits": num_splits, "scores_via_memory": via_memory}
 
@@ -72,7 +87,8 @@ def knobs(block_h: int, block_n: int, num_stages: int, value_splits: int, prefet
 # Per row count: variant name -> launcher knobs. Round 3 measured every one of them on the
 # H200 (graph us, 64 / 16 rows): the defaults (bh128_bn64_s1_vs2 200 us; few rows now
 # bh128_bn64_s1_sp4_vs2_p1_f16 64 us, was bh64_bn64_s1_sp16_vm 95 us) and the losers kept as
-# references: p1 at 64 rows 238, bn32 with two stages 258.
+# references: p1 at 64 rows 238, bn32 with two stages 258. Session 4 (graph us): the 64-row
+# default is now bh128_bn64_s1_vs2_f16 (153.1; BF16 185.6); w4 205.8 (16 rows 59.6), vm 198.5.
 VARIANTS = {
     64: {
         "bh128_bn64_s1_vs2": knobs(128, 64, 1, 2),
@@ -80,6 +96,15 @@ VARIANTS = {
         "bh128_bn64_s1_vs2_p1": knobs(128, 64, 1, 2, prefetch=1),
         "bh128_bn64_s1_vs2_p1_f16": knobs(128, 64, 1, 2, prefetch=1, fp16=True),
         "bh128_bn32_s2_vs2_p1_f16": knobs(128, 32, 2, 2, prefetch=1, fp16=True),
+        # One warpgroup a program, two programs a multiprocessor (232 / 254 registers,
+        # 106 KB of shared memory each): one program's loads and softmax under the other's
+        # products. Lost (205.8 vs 153.1 us): its 32-key score product is bound by shared
+        # memory (the queries re-read from it for every 32 keys).
+        "bh64_bn32_w4_vs2_f16": knobs(64, 32, 1, 2, fp16=True, num_warps=4),
+        "bh64_bn32_w4_vs2_p1_f16": knobs(64, 32, 1, 2, prefetch=1, fp16=True, num_warps=4),
+        # Scores via memory: each warpgroup scores half the keys (no recomputed scores, 1.33x
+        # the counted products instead of 2.04x), probabilities through a scratch buffer.
+        "bh64_bn64_s1_vm_f16": knobs(64, 64, 1, 1, fp16=True, via_memory=True),
     },
     16: {
         "bh64_bn64_s1_sp16_vm": knobs(64, 64, 1, 1, num_splits=16, via_memory=True),
@@ -90,11 +115,14 @@ VARIANTS = {
         "bh128_bn64_s1_sp4_vs2_p1": knobs(128, 64, 1, 2, prefetch=1, num_splits=4),
         "bh128_bn32_s2_sp4_vs2_p1_f16": knobs(128, 32, 2, 2, prefetch=1, fp16=True,
                                               num_splits=4),
+        "bh64_bn32_w4_sp4_vs2_f16": knobs(64, 32, 1, 2, fp16=True, num_splits=4, num_warps=4),
+        "bh64_bn32_w4_sp4_vs2_p1_f16": knobs(64, 32, 1, 2, prefetch=1, fp16=True,
+                                             num_splits=4, num_warps=4),
     },
 }
 # The final round's set: the defaults' measured forms and the candidates to replace them.
-QUICK = {64: ["bh128_bn64_s1_vs2_f16", "bh128_bn64_s1_vs2_p1_f16"],
-         16: ["bh64_bn64_s1_sp16_vm", "bh128_bn64_s1_sp4_vs2_f16", "bh128_bn64_s1_sp4_vs2_p1"]}
+QUICK = {64: ["bh128_bn64_s1_vs2_p1_f16", "bh128_bn64_s1_vs2"],
+         16: ["bh128_bn64_s1_sp4_vs2_f16"]}
 
 
 def make_latent_cache(num_blocks: int, device: str) -> torch.Tensor:

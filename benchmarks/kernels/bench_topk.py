@@ -3,16 +3,22 @@
 Cases: random normal scores at 128K, 256K and 1M positions; at 128K also all scores equal
 (every row overflows its candidate buffer: the one-program-per-row rescan) and scores rising
 with the position (ties in runs of 4). Every variant's result is checked against the op's
-torch implementation (a stable sort: the exact definition) on every case before it is timed.
+torch implementation (a stable sort, then the selected positions in ascending order: the
+exact definition) on every case before it is timed.
 
 Times are CUDA-graph replays (`time_graph_ms`: what a captured decode step pays; the scores
-stay in L2 between replays where they fit, as after the indexer that writes them); the
-default launch, round 2's and the lane collect are also timed as round 2 did (`time_ms` of a
-graph replay: L2 flushed before each), eagerly, and stage by stage (cumulative graph times of
-the first stages alone; "all" is the whole launch). Variants: "r2" is round 2's final launch;
-"lane", "fwarps32" (the select finish and stage 2 at 32 warps) and their combination are
-what a default may move to; the others change one option of the defaults. Ratios: torch.topk time over ours (same timing),
-and the scores' bytes read once per time over the copy bandwidth of the same run.
+stay in L2 between replays where they fit, as after the indexer that writes them); "triton"
+and "warp ways16" are also timed eagerly (`time_ms`) and stage by stage (cumulative graph
+times of the first stages alone; "all" is the whole launch). Variants: "triton" is the
+launcher's defaults (the staged collect ranking candidates with warp ballots, the finish's
+cut search at 64 ways); "warp ways16" round 1's defaults (the warp collect: an atomic add
+per tile); "cumsum" the staged collect ranking with tl.cumsum; "ways16" the search at 16
+ways; "fused ovf" the overflow rescan inside the finish (one launch fewer); the tuning
+variants change one option of the defaults.
+Peers from the same run: torch.topk (best first, no tie rule: the goal's peer) and
+torch.topk followed by a sort of its positions (the same output order as ours, for honesty).
+Ratios: torch.topk time over ours (graph), and the scores' bytes read once per time over the
+copy bandwidth of the same run.
 
 Usage: python -m benchmarks.kernels.bench_topk [--out DIR] [--quick] [--cases ...]
 """
@@ -43,30 +49,28 @@ CASES = {
     "rising_128K": (131072, "rising"),
 }
 QUICK_CASES = ["normal_128K", "normal_1M", "equal_128K", "rising_128K"]
-# Round 2's final run on the H200 (2026-11-29), graph replay with L2 flushed, us.
-ROUND2_US = {"normal_128K": 124.8, "normal_1M": 475.0, "equal_128K": 126.9,
-             "rising_128K": 93.7}
-# Round 2's final launch (the launcher's defaults then).
-R2 = {"collect": "stream", "threshold_slack": -1, "group_max_stages": 1,
-      "programs_per_row": "x2"}
-# Timed on every case: the defaults, round 2's launch, and the variants a default may move to.
+# Round 3's final defaults on the H200 (2026-11-29, graph us): best-first output, sorting finish.
+ROUND3_US = {"normal_128K": 91.5, "normal_1M": 268.3, "equal_128K": 99.1, "rising_128K": 65.9}
+# Session 4 round 1 (graph us): staged collect with ballots, bitmap finish, search ways 16.
+ROUND1_US = {"normal_128K": 55.2, "normal_1M": 197.0, "equal_128K": 104.9,
+             "rising_128K": 52.6}
+# Timed on every case: the defaults and what they replaced.
 MAIN_VARIANTS = {
-    "triton": {},  # the launcher's defaults
-    "r2": R2,
-    "lane": {"collect": "lane"},
-    "fwarps32": {"finish_warps": 32},
-    "lane+fwarps32": {"collect": "lane", "finish_warps": 32},
+    "triton": {},  # the launcher's defaults: staged collect with ballots, search ways 64
+    "warp ways16": {"collect": "warp", "search_ways": 16},  # round 1's defaults
+    "cumsum": {"staged_ballot": False},
+    "ways16": {"search_ways": 16},
+    "fused ovf": {"fuse_overflow": True},
 }
 # Timed on the normal cases only: one option of the defaults changed.
 TUNING_VARIANTS = {
-    "exact T0": {"threshold_slack": -1},
-    "gmax s1": {"group_max_stages": 1},
-    "ppr x2": {"programs_per_row": "x2"},
-    "lane ppsm32": {"collect": "lane", "collect_programs_per_sm": 32},
-    "lane stages4": {"collect": "lane", "stream_stages": 4},
+    "pieces1": {"staging_pieces": 1},
+    "tile512": {"collect_block": 512},
+    "thr4": {"threshold_warps": 4},
 }
-STAGED = ("triton", "r2", "lane")  # variants also timed stage by stage
+STAGED = ("triton", "warp ways16")  # also timed eagerly and stage by stage
 STAGE_NAMES = ("gmax", "+thr", "+coll", "+ovf", "all")
+PEERS = ("torch.topk", "torch.topk+sort")
 
 
 def make_scores(length: int, kind: str) -> torch.Tensor:
@@ -78,31 +82,15 @@ def make_scores(length: int, kind: str) -> torch.Tensor:
     return (position // 4)[None].repeat(NUM_ROWS, 1)
 
 
-def flushed_graph_ms(fn: Callable[[], object]) -> float:
-    """Round 2's graph time: one capture of `fn`, replays timed with L2 flushed before each."""
-    fn()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return time_ms(graph.replay)
-
-
-def resolve(options: dict) -> dict:
-    """Options with programs_per_row "x2" made a number: round 2's default (4 programs per
-    multiprocessor over all rows), twice round 3's."""
-    if options.get("programs_per_row") != "x2":
-        return options
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return {**options, "programs_per_row": -(-4 * sms // NUM_ROWS)}
-
-
 def check_and_time(result: dict, name: str, run: Callable[[], torch.Tensor],
                    want: torch.Tensor, is_timed: bool = True) -> None:
     """Exactness first, then the graph time; a failing variant is reported, not raised, so
     it cannot hide the others."""
     try:
         got = run()
-        result["exact"][name] = bool(torch.equal(got, want))
+        is_exact = bool(torch.equal(got, want))
+        result["exact"][name] = is_exact if is_exact else (
+            f"{int((got != want).sum())} of {want.numel()} entries differ")
         result["graph_ms"][name] = (time_graph_ms(run, rep=GRAPH_REP_MS) if is_timed
                                     else float("nan"))
     except Exception as error:  # noqa: BLE001 (reported in the table and the JSON)
@@ -122,30 +110,32 @@ def bench_case(name: str, copy_bw: float, tuning: bool) -> dict:
     want = topk_positions_torch(scores, K, lengths)
     want_slots = positions_to_slots_torch(want, block_table, row_request, BLOCK_SIZE)
     result = {"case": name, "rows": NUM_ROWS, "length": length, "k": K, "scores": kind,
-              "exact": {}, "graph_ms": {}, "flushed_graph_ms": {}, "ms": {}, "stages_ms": {}}
+              "exact": {}, "graph_ms": {}, "ms": {}, "stages_ms": {}}
+    # The peers first, so that every variant's row prints its ratios as soon as it is timed.
+    peers = {"torch.topk": lambda: torch.topk(scores, K, dim=1),
+             "torch.topk+sort": lambda: torch.sort(torch.topk(scores, K, dim=1).indices,
+                                                   dim=1)}
+    for peer, run in peers.items():
+        result["graph_ms"][peer] = time_graph_ms(run, rep=GRAPH_REP_MS)
+        result["ms"][peer] = time_ms(run)
+    result["ms"]["torch_exact"] = time_ms(lambda: topk_positions_torch(scores, K, lengths))
+    print_case(result, copy_bw)
     variants = {**MAIN_VARIANTS, **(TUNING_VARIANTS if tuning else {})}
-    variants = {name: resolve(options) for name, options in variants.items()}
     for variant, options in variants.items():
         check_and_time(result, variant, lambda o=options: topk_triton(scores, K, lengths, **o),
                        want)
-    for variant, options in MAIN_VARIANTS.items():
-        options = variants[variant]
-        check_and_time(result, f"{variant} slots", lambda o=options: topk_triton(
-            scores, K, lengths, block_table, row_request, BLOCK_SIZE, **o), want_slots,
-            is_timed=variant == "triton")
+        if variant in MAIN_VARIANTS:
+            check_and_time(result, f"{variant} slots", lambda o=options: topk_triton(
+                scores, K, lengths, block_table, row_request, BLOCK_SIZE, **o), want_slots,
+                is_timed=variant in STAGED)
         if variant in STAGED and result["exact"][variant] is True:
             run = (lambda o=options: topk_triton(scores, K, lengths, **o))
-            result["flushed_graph_ms"][variant] = flushed_graph_ms(run)
             result["ms"][variant] = time_ms(run)
             result["stages_ms"][variant] = [
                 time_graph_ms(lambda s=stages, o=options: topk_triton(
                     scores, K, lengths, stages=s, **o), rep=GRAPH_REP_MS)
                 for stages in range(1, 5)] + [result["graph_ms"][variant]]
-    peer = lambda: torch.topk(scores, K, dim=1)  # noqa: E731 (no tie rule; the goal's peer)
-    result["graph_ms"]["torch.topk"] = time_graph_ms(peer, rep=GRAPH_REP_MS)
-    result["flushed_graph_ms"]["torch.topk"] = flushed_graph_ms(peer)
-    result["ms"]["torch.topk"] = time_ms(peer)
-    result["ms"]["torch_exact"] = time_ms(lambda: topk_positions_torch(scores, K, lengths))
+        print_variant(result, variant, copy_bw)
     num_bytes = scores.numel() * 4
     result["bandwidth_fraction"] = {variant: num_bytes / (ms * 1e-3) / copy_bw
                                     for variant, ms in result["graph_ms"].items()}
@@ -153,42 +143,54 @@ def bench_case(name: str, copy_bw: float, tuning: bool) -> dict:
 
 
 def print_header(copy_bw: float) -> None:
-    print(f"copy {copy_bw / 1e12:.2f} TB/s. us; graph = CUDA graph replay (L2 kept), flushed = "
-          "round 2's timing (L2 flushed); x = torch.topk / ours (graph); BW = scores bytes "
-          "once / time / copy bw; err: exact match with the torch op (no tolerance)", flush=True)
+    print(f"copy {copy_bw / 1e12:.2f} TB/s. us, CUDA graph replay (L2 kept); x = torch.topk / "
+          "ours, xs = torch.topk+sort / ours (graph); BW = scores bytes once / time / copy bw; "
+          "exact: equal to the torch op (no tolerance); eager = time_ms; stages: cumulative "
+          "graph us", flush=True)
 
 
-def print_case(copy_bw: float, r: dict) -> None:
-    g, f, e = r["graph_ms"], r["flushed_graph_ms"], r["ms"]
-    peer = g["torch.topk"]
+def print_case(r: dict, copy_bw: float) -> None:
+    g, e = r["graph_ms"], r["ms"]
     floor_us = r["rows"] * r["length"] * 4 / copy_bw * 1e6
-    print(f"{r['case']} {r['rows']}x{r['length']}: floor {floor_us:.1f} us; torch.topk graph "
-          f"{peer * 1e3:.1f} flushed {f['torch.topk'] * 1e3:.1f} eager "
-          f"{e['torch.topk'] * 1e3:.1f}; exact torch op eager {e['torch_exact'] * 1e3:.0f}; "
-          f"round 2 final {ROUND2_US.get(r['case'], float('nan')):.1f} (flushed)")
-    for variant, ms in g.items():
-        if variant == "torch.topk":
+    print(f"{r['case']} {r['rows']}x{r['length']}: floor (scores read once) {floor_us:.1f} us; "
+          f"torch.topk {g['torch.topk'] * 1e3:.1f} (eager {e['torch.topk'] * 1e3:.1f}), "
+          f"torch.topk+sort {g['torch.topk+sort'] * 1e3:.1f}; exact torch op eager "
+          f"{e['torch_exact'] * 1e3:.0f}; round 3 final "
+          f"{ROUND3_US.get(r['case'], float('nan')):.1f}, session 4 round 1 staged ballot "
+          f"{ROUND1_US.get(r['case'], float('nan')):.1f}", flush=True)
+
+
+def print_variant(r: dict, variant: str, copy_bw: float) -> None:
+    """The variant's rows as soon as it is timed (a step killed at its limit keeps them)."""
+    g = r["graph_ms"]
+    for name in (variant, f"{variant} slots"):
+        if name not in g:
             continue
-        ok = r["exact"][variant]
-        extra = ""
-        if variant in f:
-            extra = f" flushed {f[variant] * 1e3:6.1f} eager {e[variant] * 1e3:6.1f}"
-        if variant in r["stages_ms"]:
+        ok = r["exact"][name]
+        verdict = "exact" if ok is True else f"WRONG {ok}"
+        if g[name] != g[name]:  # checked, not timed
+            print(f"   {name:<20} {'':>7} (checked only) {verdict}", flush=True)
+            continue
+        us = g[name] * 1e3
+        fraction = r["rows"] * r["length"] * 4 / (us * 1e-6) / copy_bw
+        extra = f" eager {r['ms'][name] * 1e3:6.1f}" if name in r["ms"] else ""
+        if name in r["stages_ms"]:
             extra += " | " + " ".join(f"{s} {t * 1e3:.1f}" for s, t in zip(
-                STAGE_NAMES, r["stages_ms"][variant]))
-        print(f"   {variant:<19} {ms * 1e3:7.1f} x{peer / ms:5.2f} BW "
-              f"{r['bandwidth_fraction'][variant]:5.1%} "
-              f"{'exact' if ok is True else 'WRONG ' + str(ok)}{extra}", flush=True)
+                STAGE_NAMES, r["stages_ms"][name]))
+        print(f"   {name:<20} {us:7.1f} x{g['torch.topk'] / g[name]:5.2f} "
+              f"xs{g['torch.topk+sort'] / g[name]:5.2f} BW {fraction:5.1%} "
+              f"{verdict}{extra}", flush=True)
 
 
 def print_summary(results: list[dict]) -> None:
-    print("summary (graph us): case: torch.topk | r2 | defaults | best exact variant")
+    print("summary (graph us): case: torch.topk | round 3 | defaults | best exact variant")
     for r in results:
         g = r["graph_ms"]
-        timed = {v: ms for v, ms in g.items() if v != "torch.topk" and r["exact"][v] is True
+        timed = {v: ms for v, ms in g.items() if v not in PEERS and r["exact"][v] is True
                  and not v.endswith(" slots") and ms == ms}
         best = min(timed, key=timed.get) if timed else "none"
-        print(f"   {r['case']:<12} {g['torch.topk'] * 1e3:6.1f} | {g['r2'] * 1e3:6.1f} | "
+        print(f"   {r['case']:<12} {g['torch.topk'] * 1e3:6.1f} | "
+              f"{ROUND3_US.get(r['case'], float('nan')):6.1f} | "
               f"{g['triton'] * 1e3:6.1f} x{g['torch.topk'] / g['triton']:4.2f} | {best} "
               f"{timed.get(best, float('nan')) * 1e3:6.1f} "
               f"x{g['torch.topk'] / timed.get(best, float('nan')):4.2f}", flush=True)
@@ -207,7 +209,6 @@ def main() -> None:
     results = []
     for name in cases:
         results.append(bench_case(name, copy_bw, tuning=CASES[name][1] == "normal"))
-        print_case(copy_bw, results[-1])
     path = write_result("triton_topk", {"copy_bandwidth_Bps": copy_bw, "results": results},
                         out_dir=args.out)
     print_summary(results)

@@ -25,7 +25,9 @@ ARCH = "sm90"
 KNOWN_SPILLS: dict[str, str] = {
     "indexer_score[fp8, fp8 dot]": "opt-in FP8 tensor-core products, register-capped to 128 "
                                    "(184 B of stack)",
-    "kda_prefill[column-block scores]": "opt-in column-block stage 1a at 2 warps (48 B)",
+    "kda_prefill[column-block scores]": "opt-in column-block stage 1a at 4 warps",
+    "kda_prefill[wide joined scores]": "opt-in joined wide stage 1a, 16-channel slices at 4 "
+                                       "warps (24 B)",
     "kda_prefill[float32]": "the exact float32 intra-chunk kernel (IEEE products of fp32 "
                             "64-row tiles): 3168 B of stack at 255 registers, a correctness "
                             "path never tuned for speed",
@@ -35,8 +37,9 @@ KNOWN_SPILLS: dict[str, str] = {
     "dense_mla": "16 heads over a BF16 cache: the few-head dense tiles (392 B)",
     "sparse_mla[96 heads, 16 rows]": "the model's few-row default (128 heads padded, value "
                                      "halves, next tile read ahead, FP16 products): 136 B "
-                                     "under triton 3.9, 24 B under the H200's 3.6",
-    "sparse_mla[96 heads, 64 rows]": "the model's 64-row default (value halves): 8 B",
+                                     "under triton 3.9, 32 B under the H200's 3.6",
+    "sparse_mla[96 heads, 64 rows]": "the model's 64-row default (FP16 products): 8 B under "
+                                     "triton 3.9, none under the H200's 3.6",
 }
 
 

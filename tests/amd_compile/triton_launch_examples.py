@@ -14,10 +14,9 @@ import pkgutil
 from collections.abc import Callable
 
 import torch
+from kda_launch_examples import HEAD_DIM, KDA_EXAMPLES, KDA_HEADS
 
 NUM_INDEX_HEADS = 32
-KDA_HEADS = 2
-HEAD_DIM = 128
 
 
 def triton_kernel_names() -> list[str]:
@@ -85,88 +84,6 @@ def kv_write(index_format: str, latent_dtype: torch.dtype) -> Callable[[], None]
                         torch.arange(num_tokens), latent_cache, 1.0, values, scales,
                         index_format, _fp8_variant())
     return run
-
-
-def _kda_inputs(shape: tuple[int, ...],
-                dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, ...]:
-    q, k, v = (torch.randn(*shape, HEAD_DIM, dtype=dtype) for _ in range(3))
-    g = -torch.rand(*shape, HEAD_DIM)
-    beta = torch.rand(*shape)
-    return q, k, v, g, beta
-
-
-def kda_decode() -> None:
-    from atomk31.triton_kernels.kda_decode import kda_decode_triton
-
-    q, k, v, g, beta = _kda_inputs((3, KDA_HEADS))
-    kda_decode_triton(q, k, v, g, beta, torch.zeros(3, KDA_HEADS, HEAD_DIM, HEAD_DIM),
-                      HEAD_DIM ** -0.5)
-
-
-def kda_verify() -> None:
-    from atomk31.triton_kernels.kda_decode import kda_verify_triton
-
-    q, k, v, g, beta = _kda_inputs((2, 4, KDA_HEADS))
-    kda_verify_triton(q, k, v, g, beta, torch.zeros(2, KDA_HEADS, HEAD_DIM, HEAD_DIM),
-                      HEAD_DIM ** -0.5)
-
-
-def kda_prefill(dtype: torch.dtype = torch.bfloat16) -> Callable[[], None]:
-    """The launcher's default path for ``dtype`` (CUDA: BF16 takes the two-kernel intra stage,
-    float32 the exact single kernel)."""
-    def run() -> None:
-        _kda_prefill(dtype)
-    return run
-
-
-def _kda_prefill(dtype: torch.dtype) -> None:
-    from atomk31.triton_kernels.kda_prefill import kda_prefill_triton
-
-    q, k, v, g, beta = _kda_inputs((100, KDA_HEADS), dtype)
-    kda_prefill_triton(q, k, v, g, beta, torch.zeros(2, KDA_HEADS, HEAD_DIM, HEAD_DIM),
-                       torch.tensor([0, 70, 100], dtype=torch.int32), HEAD_DIM ** -0.5,
-                       snapshot_at=torch.tensor([[0, 64]]))
-
-
-def kda_prefill_two_kernel_intra() -> None:
-    """The intra-chunk stage as two kernels (scores + inverse, then gated w/u)."""
-    from dataclasses import replace
-
-    from atomk31.triton_kernels.kda_prefill import default_tuning, kda_prefill_triton
-
-    q, k, v, g, beta = _kda_inputs((100, KDA_HEADS))
-    kda_prefill_triton(q, k, v, g, beta, torch.zeros(2, KDA_HEADS, HEAD_DIM, HEAD_DIM),
-                       torch.tensor([0, 70, 100], dtype=torch.int32), HEAD_DIM ** -0.5,
-                       snapshot_at=torch.tensor([[0, 64]]),
-                       tuning=replace(default_tuning(q.dtype), intra_split=True))
-
-
-def kda_prefill_column_scores() -> None:
-    """Stage 1a as [64, 16] column blocks (one program per chunk and head), then gated w/u."""
-    from dataclasses import replace
-
-    from atomk31.triton_kernels.kda_prefill import default_tuning, kda_prefill_triton
-
-    q, k, v, g, beta = _kda_inputs((100, KDA_HEADS))
-    kda_prefill_triton(q, k, v, g, beta, torch.zeros(2, KDA_HEADS, HEAD_DIM, HEAD_DIM),
-                       torch.tensor([0, 70, 100], dtype=torch.int32), HEAD_DIM ** -0.5,
-                       snapshot_at=torch.tensor([[0, 64]]),
-                       tuning=replace(default_tuning(q.dtype), intra_split=True,
-                                      scores_columns=True))
-
-
-def short_conv() -> None:
-    from atomk31.triton_kernels.kda_conv import conv_state_after_triton, short_conv_silu_triton
-
-    channels, width = 256, 4
-    z = torch.randn(9, channels, dtype=torch.bfloat16)
-    conv_state = torch.zeros(2, width - 1, channels, dtype=torch.bfloat16)
-    cu_seqlens = torch.tensor([0, 4, 9], dtype=torch.int32)
-    has_initial_state = torch.tensor([True, False])
-    short_conv_silu_triton(z, torch.randn(channels, width), conv_state, cu_seqlens,
-                           has_initial_state)
-    conv_state_after_triton(z, conv_state, cu_seqlens, has_initial_state,
-                            torch.tensor([[0, 2], [1, 5]]))
 
 
 def _fp8_dtype() -> torch.dtype:
@@ -240,12 +157,11 @@ def sparse_mla_fp16() -> None:
 
 def ptpc_linear_tma() -> None:
     """The tensor-descriptor (TMA) GEMM: chosen on sm_90 only, but portable Triton, so it is held
-    to the same AMD checks, with 8 warps (Hopper's 4-warp config is for its warp
-    specialization: one producer and two consumer warpgroups; on gfx950 it needs 316 VGPRs)."""
-    from dataclasses import replace
-
+    to the same AMD checks in a portable configuration: 8 warps, 2 stages, promotion per K tile
+    (Hopper's warp-specialized config needs in-kernel descriptors and a CUDA allocator; its
+    lagged-promotion config holds two partial accumulators and spills on gfx950)."""
     from atomk31.triton_kernels.ptpc_fp8 import ptpc_quantize_triton
-    from atomk31.triton_kernels.ptpc_fp8_config import HOPPER_TMA_CONFIG
+    from atomk31.triton_kernels.ptpc_fp8_config import GemmConfig
     from atomk31.triton_kernels.ptpc_fp8_tma import launch_ptpc_gemm_tma
 
     num_tokens, in_features, out_features = 300, 512, 256
@@ -254,8 +170,30 @@ def ptpc_linear_tma() -> None:
     w_q = torch.zeros(out_features, in_features, dtype=_fp8_dtype())
     c = torch.empty(num_tokens, out_features, dtype=torch.bfloat16)
     launch_ptpc_gemm_tma(a, w_q, a_scale, torch.ones(out_features), c,
-                         replace(HOPPER_TMA_CONFIG, num_warps=8), on_interpreter=False,
+                         GemmConfig(128, 128, 128, num_warps=8, num_stages=2, tma=True,
+                                    promote_per_tile=True), on_interpreter=False,
                          num_programs=1)
+
+
+def ptpc_linear_tma_hopper() -> None:
+    """The TMA GEMM in Hopper's own default config (``HOPPER_TMA_CONFIG``, paired K tiles over
+    3 stages): compiled for sm_90 only (192 KiB of shared memory and two partial accumulators
+    are Hopper's budget, not an AMD one), so it compiles nothing on AMD targets."""
+    import triton
+
+    from atomk31.triton_kernels.ptpc_fp8 import ptpc_quantize_triton
+    from atomk31.triton_kernels.ptpc_fp8_config import HOPPER_TMA_CONFIG
+    from atomk31.triton_kernels.ptpc_fp8_tma import launch_ptpc_gemm_tma
+
+    if triton.runtime.driver.active.get_current_target().backend != "cuda":
+        return
+    num_tokens, in_features, out_features = 300, 512, 256
+    a, a_scale = ptpc_quantize_triton(
+        torch.randn(num_tokens, in_features, dtype=torch.bfloat16), _fp8_dtype())
+    w_q = torch.zeros(out_features, in_features, dtype=_fp8_dtype())
+    c = torch.empty(num_tokens, out_features, dtype=torch.bfloat16)
+    launch_ptpc_gemm_tma(a, w_q, a_scale, torch.ones(out_features), c, HOPPER_TMA_CONFIG,
+                         on_interpreter=False, num_programs=1)
 
 
 def moe_route_split() -> None:
@@ -359,10 +297,9 @@ def dense_mla() -> None:
                      block_size, 576 ** -0.5, rows_per_request=4)
 
 
-def topk(with_slots: bool, collect: str = "warp",
-         group_max_prefetch: bool = False) -> Callable[[], None]:
-    """Top-k of three rows (1, 3000 and 5000 long); `collect` / `group_max_prefetch` reach the
-    non-default stage kernels."""
+def topk(with_slots: bool, collect: str | None = None, **options: object) -> Callable[[], None]:
+    """Top-k of three rows (1, 3000 and 5000 long); `collect` and the launcher's `options`
+    reach the non-default stage kernels."""
     def run() -> None:
         from atomk31.triton_kernels.topk import topk_triton
 
@@ -374,14 +311,17 @@ def topk(with_slots: bool, collect: str = "warp",
                         torch.arange(num_blocks, dtype=torch.int32)[None],
                         torch.zeros(num_rows, dtype=torch.int32), block_size)
         else:
-            topk_triton(torch.randn(num_rows, num_positions), 2048, lengths, collect=collect,
-                        group_max_prefetch=group_max_prefetch)
+            if collect is not None:
+                options["collect"] = collect
+            topk_triton(torch.randn(num_rows, num_positions), 2048, lengths, **options)
     return run
 
 
-def moe_experts_gemv(mode: str | None, num_tokens: int = 3) -> Callable[[], None]:
+def moe_experts_gemv(mode: str | None, num_tokens: int = 3,
+                     gather_rows: bool = False) -> Callable[[], None]:
     """Both small-batch GEMVs of ``moe_gemv.py`` through their launcher, BF16 activations
-    (mode None: the launcher's choice, which at one token is one program per routed slot)."""
+    (mode None: the launcher's choice, which at one token is one program per routed slot;
+    ``gather_rows``: each program's rows are the tokens routed to its expert)."""
     def run() -> None:
         from atomk31.triton_kernels.moe_gemv import moe_experts_mxfp4_gemv_triton
 
@@ -395,7 +335,8 @@ def moe_experts_gemv(mode: str | None, num_tokens: int = 3) -> Callable[[], None
                                dtype=torch.uint8)
         z = torch.randn(topk_ids.shape[0], latent_size, dtype=torch.bfloat16)
         moe_experts_mxfp4_gemv_triton(z, torch.rand(topk_ids.shape), topk_ids, w13, w13_scales,
-                                      w2, w2_scales, 10.0, 10.0, mode=mode)
+                                      w2, w2_scales, 10.0, 10.0, mode=mode,
+                                      gather_rows=gather_rows)
     return run
 
 
@@ -405,19 +346,14 @@ EXAMPLES: dict[str, Callable[[], None]] = {
     "indexer_score[mxfp4]": indexer_score("mxfp4", use_fp8_dot=False),
     "kv_write[bf16 latent, fp8 keys]": kv_write("fp8", torch.bfloat16),
     "kv_write[fp8 latent, mxfp4 keys]": kv_write("mxfp4", torch.float8_e4m3fn),
-    "kda_decode": kda_decode,
-    "kda_verify": kda_verify,
-    "kda_prefill": kda_prefill(),
-    "kda_prefill[float32]": kda_prefill(torch.float32),
-    "kda_prefill[two-kernel intra]": kda_prefill_two_kernel_intra,
-    "kda_prefill[column-block scores]": kda_prefill_column_scores,
-    "short_conv": short_conv,
+    **KDA_EXAMPLES,
     "attn_res": attn_res,
     "gated_rms_norm": gated_rms_norm,
     "gated_rms_norm_fp8": gated_rms_norm_fp8,
     "ptpc_linear[decode]": ptpc_linear(3, 4096),
     "ptpc_linear[prefill]": ptpc_linear(300, 512),
     "ptpc_linear[tma]": ptpc_linear_tma,
+    "ptpc_linear[tma, Hopper default]": ptpc_linear_tma_hopper,
     "moe_route": moe_route,
     "moe_route[split]": moe_route_split,
     "moe_experts_mxfp4": moe_experts(use_dot_scaled=False),
@@ -430,6 +366,7 @@ EXAMPLES: dict[str, Callable[[], None]] = {
     "moe_experts_mxfp4[gemv fma_f32]": moe_experts_gemv("fma_f32"),
     "moe_experts_mxfp4[gemv dot_t]": moe_experts_gemv("dot_t"),
     "moe_experts_mxfp4[gemv dot_t_words]": moe_experts_gemv("dot_t_words"),
+    "moe_experts_mxfp4[gemv gathered rows]": moe_experts_gemv("dot_t_words", gather_rows=True),
     "moe_experts_mxfp4[gemv 1 token]": moe_experts_gemv(None, num_tokens=1),
     "sparse_mla[fp8 cache]": sparse_mla,
     "dense_mla": dense_mla,
@@ -438,8 +375,6 @@ EXAMPLES: dict[str, Callable[[], None]] = {
     "sparse_mla[96 heads, 64 rows]": sparse_mla_model_heads(64),
     "topk": topk(with_slots=False),
     "topk[slots]": topk(with_slots=True),
-    "topk[lane collect]": topk(with_slots=False, collect="lane"),
-    "topk[stream collect]": topk(with_slots=False, collect="stream"),
-    "topk[round2 collect, stage 1 prefetch]": topk(with_slots=False, collect="round2",
-                                                   group_max_prefetch=True),
+    "topk[warp collect]": topk(with_slots=False, collect="warp"),
+    "topk[fused overflow]": topk(with_slots=False, fuse_overflow=True),
 }

@@ -25,23 +25,29 @@ def test_ranking_key_order_is_score_then_lower_position():
     keys = ranking_keys(scores)
     unsigned = keys.double() + torch.where(keys < 0, 2.0**64, 0.0)  # order as uint64
     order = torch.sort(unsigned, descending=True, stable=True).indices
-    expected = topk_positions_torch(scores[None], len(scores), torch.tensor([len(scores)]))[0]
-    assert order.tolist() == expected.tolist()
+    # The ranking itself (topk_positions returns its sets in position order): higher score,
+    # then lower position, -0.0 equal to +0.0.
+    expected = sorted(range(len(scores)), key=lambda p: (-(scores[p].item() + 0.0), p))
+    assert order.tolist() == expected
     assert len(set(keys.tolist())) == len(scores), "ranking keys must be distinct"
 
 
-def test_rank_selected_keys_orders_keys_as_unsigned_and_pads():
-    """The launcher's final ordering of the k winners (pure torch): keys of positive scores
-    have the top bit set, so a signed sort would put them below negative scores."""
-    from gluon_kernels.radix_topk import rank_selected_keys
+def test_positions_of_selected_keys_sorts_positions_and_pads():
+    """The launcher's final order of the k winners (pure torch): ascending positions, whatever
+    order the gather's atomics left the keys in (keys of positive and negative scores, whose
+    top bits differ), then -1 for the unused entries."""
+    from gluon_kernels.radix_topk import positions_of_selected_keys
 
     scores = torch.tensor([[2.0, -1.0, 0.5, -3.0, 7.0]])
     keys = ranking_keys(scores[0])
     shuffled = keys[[3, 0, 4, 1, 2]]
     selected = torch.cat([shuffled, torch.full((2,), 12345)])[None]  # two unused slots
-    positions = rank_selected_keys(selected, torch.tensor([5]))
-    assert positions.tolist() == [[4, 0, 2, 1, 3, -1, -1]]
-    assert rank_selected_keys(selected, torch.tensor([0])).tolist() == [[-1] * 7]
+    positions = positions_of_selected_keys(selected, torch.tensor([5]))
+    assert positions.tolist() == [[0, 1, 2, 3, 4, -1, -1]]
+    assert positions.dtype == torch.int32
+    assert positions_of_selected_keys(selected[:, [4, 1, 2, 0]], torch.tensor([3])).tolist() \
+        == [[0, 2, 4, -1]]
+    assert positions_of_selected_keys(selected, torch.tensor([0])).tolist() == [[-1] * 7]
 
 
 def make_scores(num_rows, length, seed, num_levels=None):

@@ -1,5 +1,5 @@
 """topk_positions / positions_to_slots (torch): exact against a naive sort
-(§4.6, §8 #6, §9 #6)."""
+(§4.6, §8 #6, §9 #6); the selected positions come in ascending order."""
 
 import pytest
 import torch
@@ -12,12 +12,13 @@ from atomk31.ops.topk import (
 
 
 def naive_topk(scores: torch.Tensor, k: int, lengths: torch.Tensor) -> torch.Tensor:
-    """Per row: sort candidates by (higher score, lower position), keep k, pad with -1."""
+    """Per row: rank candidates by (higher score, lower position), keep k, list them in
+    position order, pad with -1."""
     out = []
     for row, length in zip(scores.tolist(), lengths.tolist()):
         # + 0.0 turns -0.0 into +0.0; Python compares them equal anyway.
         ranked = sorted(range(length), key=lambda p: (-(row[p] + 0.0), p))[:k]
-        out.append(ranked + [-1] * (k - len(ranked)))
+        out.append(sorted(ranked) + [-1] * (k - len(ranked)))
     return torch.tensor(out, dtype=torch.int32).reshape(len(out), k)
 
 
@@ -59,15 +60,24 @@ def test_topk_positions_torch_matches_naive_sort(case):
 
 
 def test_topk_positions_torch_negative_zero_ties_with_positive_zero():
-    # Position order must decide among -0.0 and +0.0; -1 and -inf rank below both.
+    # Position order must decide among -0.0 and +0.0 (the lower positions 0, 2, 3 win over
+    # 5); -1 and -inf rank below both. The output lists the set in position order.
     scores = torch.tensor([[-0.0, -1.0, 0.0, -0.0, 2.0, 0.0, -torch.inf]])
+    got = topk_positions_torch(scores, 4, torch.tensor([7]))
+    assert got.tolist() == [[0, 2, 3, 4]]
     got = topk_positions_torch(scores, 7, torch.tensor([7]))
-    assert got.tolist() == [[4, 0, 2, 3, 5, 1, 6]]
+    assert got.tolist() == [[0, 1, 2, 3, 4, 5, 6]]
+
+
+def test_topk_positions_torch_ascending_not_best_first():
+    # The contract's order: ascending positions, not the ranking (3 is best, 0 second).
+    scores = torch.tensor([[5.0, 1.0, -2.0, 9.0, 0.5]])
+    assert topk_positions_torch(scores, 3, torch.tensor([5])).tolist() == [[0, 1, 3]]
 
 
 def test_topk_positions_torch_ignores_scores_beyond_length():
     scores = torch.tensor([[1.0, 5.0, 3.0, 100.0, 100.0]])
-    assert topk_positions_torch(scores, 4, torch.tensor([3])).tolist() == [[1, 2, 0, -1]]
+    assert topk_positions_torch(scores, 4, torch.tensor([3])).tolist() == [[0, 1, 2, -1]]
 
 
 def test_topk_positions_torch_rejects_length_beyond_scores():

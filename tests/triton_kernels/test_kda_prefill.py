@@ -16,7 +16,8 @@ from atomk31.ops.kda_prefill import kda_prefill_torch
 from atomk31.triton_kernels.kda_conv import (
     conv_state_after_triton, short_conv_silu_triton,
 )
-from atomk31.triton_kernels.kda_prefill import kda_prefill_triton
+from atomk31.triton_kernels.kda_prefill import kda_prefill_triton, plan_chunks
+from atomk31.triton_kernels.kda_prefill_plan import plan_chunks_on_device
 from atomk31.triton_kernels.kda_prefill_tuning import KdaPrefillTuning
 from assertions import assert_relative_close
 
@@ -53,6 +54,17 @@ WIDE_SLICES = KdaPrefillTuning(intra_split=True, scores_block_k=64, gated_block=
 COLUMNS = KdaPrefillTuning(intra_split=True, scores_columns=True, compact_scores=True)
 COLUMNS_COMPACT = KdaPrefillTuning(intra_split=True, scores_columns=True, scores_bf16=True,
                                    compact_scores=True, scores_block_k=16)
+# Stage 1a as [64, 64] accumulators (kda_prefill_scores_wide.py), 16-bit aqk/inverse, with
+# BF16 score products (fp32 under the interpreter) and 16-channel slices.
+SCORES_WIDE = KdaPrefillTuning(intra_split=True, scores_wide=True, compact_scores=True)
+SCORES_WIDE_BF16 = KdaPrefillTuning(intra_split=True, scores_wide=True, compact_scores=True,
+                                    scores_bf16=True, scores_block_k=16)
+# The same with each slice's four blocks joined into one product.
+SCORES_JOINED = KdaPrefillTuning(intra_split=True, scores_wide=True, scores_joined=True,
+                                 compact_scores=True, scores_block_k=16)
+# The chunk table planned on the GPU (no host sync).
+SCORES_WIDE_DEVICE_PLAN = KdaPrefillTuning(intra_split=True, scores_wide=True,
+                                           compact_scores=True, plan_on_device=True)
 # The column-block scores with the gated rows and w, u in the same kernel.
 COLUMNS_FUSED = KdaPrefillTuning(scores_columns=True, fuse_gated=True, compact_scores=True,
                                  gated_block=32, scores_num_warps=8)
@@ -64,9 +76,11 @@ GPU_CASES = pytest.mark.parametrize("dtype, tuning", [
     (torch.float32, None), (torch.float32, TWO_KERNEL), (torch.float32, COLUMNS_FUSED),
     (torch.bfloat16, None), (torch.bfloat16, FUSED), (torch.bfloat16, COLUMNS),
     (torch.bfloat16, COLUMNS_COMPACT), (torch.bfloat16, COLUMNS_FUSED),
-    (torch.bfloat16, COLUMNS_FUSED_W4),
+    (torch.bfloat16, COLUMNS_FUSED_W4), (torch.bfloat16, SCORES_WIDE),
+    (torch.bfloat16, SCORES_WIDE_BF16), (torch.bfloat16, SCORES_JOINED),
 ], ids=["fp32-default", "fp32-two-kernel", "fp32-columns-fused", "bf16-default", "bf16-fused",
-        "bf16-columns", "bf16-columns-compact", "bf16-columns-fused", "bf16-columns-fused-w4"])
+        "bf16-columns", "bf16-columns-compact", "bf16-columns-fused", "bf16-columns-fused-w4",
+        "bf16-scores-wide", "bf16-scores-wide-bf16", "bf16-scores-joined"])
 # The interpreter is slow: the stage-1 and output designs here, the tile choices in one test.
 CPU_TUNINGS = pytest.mark.parametrize("tuning", [SPLIT, FUSED, TWO_KERNEL, COLUMNS_FUSED],
                                       ids=["split", "fused", "two-kernel", "columns-fused"])
@@ -103,8 +117,10 @@ def test_kda_prefill_triton_snapshots_cut_chunks(tuning):
     assert torch.equal(snapshots[3], state[1]) and torch.equal(snapshots[7], snapshots[1])
 
 
-@pytest.mark.parametrize("tuning", [SPLIT, CACHED, WIDE_SLICES, COLUMNS_FUSED],
-                         ids=["split", "cached", "wide-slices", "columns-fused"])
+@pytest.mark.parametrize("tuning", [SPLIT, CACHED, WIDE_SLICES, COLUMNS_FUSED, SCORES_WIDE,
+                                    SCORES_JOINED],
+                         ids=["split", "cached", "wide-slices", "columns-fused", "scores-wide",
+                              "scores-joined"])
 def test_kda_prefill_triton_decay_at_the_floor_stays_finite(tuning):
     # g = -5 for every token: Γ reaches -320 in a chunk, where exp(-Γ) alone overflows (§4.4).
     q, k, v, g, beta, state, bounds = random_inputs([100], seed=9)
@@ -117,8 +133,8 @@ def test_kda_prefill_triton_decay_at_the_floor_stays_finite(tuning):
     assert_relative_close("final_state", final_state, expected[1], CPU_TOLERANCE)
 
 
-@pytest.mark.parametrize("tuning", [SPLIT, TWO_KERNEL, COLUMNS_COMPACT],
-                         ids=["split", "two-kernel", "columns-compact"])
+@pytest.mark.parametrize("tuning", [SPLIT, TWO_KERNEL, COLUMNS_COMPACT, SCORES_WIDE_BF16],
+                         ids=["split", "two-kernel", "columns-compact", "scores-wide-bf16"])
 def test_kda_prefill_triton_odd_head_sizes(tuning):
     # K = 48, V = 40: channel slices and value blocks past the end of the head are masked.
     lengths = [33, 64]
@@ -129,15 +145,43 @@ def test_kda_prefill_triton_odd_head_sizes(tuning):
     assert_relative_close("final_state", final_state, expected[1], CPU_TOLERANCE)
 
 
-def test_kda_prefill_triton_compact_scores_under_bf16_intermediates():
+@pytest.mark.parametrize("tuning", [COLUMNS_COMPACT, SCORES_WIDE],
+                         ids=["columns", "scores-wide"])
+def test_kda_prefill_triton_compact_scores_under_bf16_intermediates(tuning):
     # 16-bit aqk and inverse (BF16 intermediates on fp32 inputs: the interpreter's products
     # stay fp32): within BF16 rounding of the torch op.
     q, k, v, g, beta, state, bounds = random_inputs([70], seed=17)
-    compact = kda_prefill_triton(q, k, v, g, beta, state, bounds, 0.1, tuning=COLUMNS_COMPACT,
+    compact = kda_prefill_triton(q, k, v, g, beta, state, bounds, 0.1, tuning=tuning,
                                  intermediate_dtype=torch.bfloat16)
     expected = kda_prefill_torch(q, k, v, g, beta, state, bounds, 0.1)
     assert_relative_close("o vs torch", compact[0], expected[0], 2e-2)
     assert_relative_close("final_state vs torch", compact[1], expected[1], 2e-2)
+
+
+def test_kda_prefill_plan_on_device_matches_the_host_plan():
+    # Empty requests, a 1-token one, lengths off and on the 64-token grid; slots past the
+    # last chunk have length 0.
+    lengths = [70, 0, 1, 130, 64, 0]
+    bounds = [0] + torch.tensor(lengths).cumsum(0).tolist()
+    table = plan_chunks_on_device(torch.tensor(bounds, dtype=torch.int32, device=DEVICE),
+                                  bounds[-1], 64)
+    host = plan_chunks(bounds, [])
+    num_chunks = len(host["chunk_start"])
+    assert table["chunk_start"].shape[0] == bounds[-1] // 64 + len(lengths)
+    for name in ("chunk_start", "chunk_len", "chunk_snapshot"):
+        assert table[name][:num_chunks].tolist() == host[name], name
+    assert table["chunk_len"][num_chunks:].eq(0).all()
+    assert table["request_chunks"].tolist() == host["request_chunks"]
+
+
+def test_kda_prefill_triton_plan_on_device_matches_torch():
+    lengths = [70, 0, 1, 40]
+    q, k, v, g, beta, state, bounds = random_inputs(lengths, seed=18)
+    expected = kda_prefill_torch(q, k, v, g, beta, state, bounds, 0.1)
+    o, final_state, _ = kda_prefill_triton(q, k, v, g, beta, state, bounds, 0.1,
+                                           tuning=SCORES_WIDE_DEVICE_PLAN)
+    assert_relative_close("o", o, expected[0], CPU_TOLERANCE)
+    assert_relative_close("final_state", final_state, expected[1], CPU_TOLERANCE)
 
 
 def test_kda_prefill_triton_matches_fla_naive_recurrence():
@@ -203,6 +247,20 @@ def test_kda_prefill_triton_real_shapes_gpu(dtype, tuning):
     assert_relative_close("o", o.float(), expected[0], tolerance)
     assert_relative_close("final_state", final_state, expected[1], tolerance)
     assert_relative_close("snapshots", snapshots, expected[2], tolerance)
+
+
+@pytest.mark.gpu
+def test_kda_prefill_triton_plan_on_device_real_shapes_gpu():
+    # No snapshots: the chunk table comes from the GPU planner (kda_prefill_plan.py).
+    lengths = [3000, 1, 0, 1100]
+    q, k, v, g, beta, state, bounds = random_inputs(lengths, num_heads=96, seed=19)
+    q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
+    expected = kda_prefill_torch(q.float(), k.float(), v.float(), g, beta, state, bounds,
+                                 128 ** -0.5)
+    o, final_state, _ = kda_prefill_triton(q, k, v, g, beta, state, bounds, 128 ** -0.5,
+                                           tuning=SCORES_WIDE_DEVICE_PLAN)
+    assert_relative_close("o", o.float(), expected[0], GPU_BF16_TOLERANCE)
+    assert_relative_close("final_state", final_state, expected[1], GPU_BF16_TOLERANCE)
 
 
 @pytest.mark.gpu

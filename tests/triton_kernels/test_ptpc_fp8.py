@@ -17,7 +17,8 @@ from atomk31.triton_kernels.ptpc_fp8 import (
     GemmConfig, GemmTarget, pick_config_for_target, ptpc_linear_quantized_triton,
     ptpc_linear_triton, ptpc_quantize_triton, split_k_to_fill,
 )
-from atomk31.triton_kernels.ptpc_fp8_config import HOPPER_TMA_CONFIG
+from atomk31.triton_kernels.ptpc_fp8_config import HOPPER_TMA_CONFIG, HOPPER_WS_CONFIG
+from atomk31.triton_kernels.ptpc_fp8_tma import launch_ptpc_gemm_tma
 from assertions import assert_relative_close
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -105,20 +106,26 @@ def test_ptpc_linear_quantized_triton_matches_torch(m, n, k, config):
     assert_relative_close("y", y, expected, 1e-6)
 
 
-# The TMA kernel (Hopper's default path for large M): descriptors zero-fill the tile edges, so
-# M, N and K are not multiples of the blocks here (K stays a multiple of 16: aligned rows).
-TMA_CONFIGS = [
-    GemmConfig(16, 32, 64, tma=True, num_stages=2),
-    GemmConfig(16, 32, 64, split_k=3, tma=True, num_stages=2),
-    GemmConfig(16, 64, 32, tma=True, split_n=True, promote_per_tile=True, warp_specialize=True),
-    GemmConfig(32, 64, 64, split_k=2, tma=True, split_n=True),
-    GemmConfig(16, 32, 64, tma=True, persistent=True, promote_per_tile=True,
-               warp_specialize=True),
-]
+# The TMA kernel (Hopper's path for large M): descriptors zero-fill the tile edges, so M, N and
+# K are not multiples of the blocks here (K stays a multiple of 16: aligned rows). The lagged
+# loop takes K tiles in pairs: K = 272 with 64-K tiles is 5 tiles (an odd tail); with 32-K tiles
+# and 3 splits, 9 tiles are 3 + 3 + 3 (odd splits) and K = 256's 8 are 3 + 3 + 2.
+TMA_CONFIGS = {
+    "plain": GemmConfig(16, 32, 64, tma=True, num_stages=2),
+    "split-k3": GemmConfig(16, 32, 64, split_k=3, tma=True, num_stages=2),
+    "split-n-per-tile-ws": GemmConfig(16, 64, 32, tma=True, split_n=True, promote_per_tile=True,
+                                      warp_specialize=True, device_descriptors=True),
+    "split-k2-split-n": GemmConfig(32, 64, 64, split_k=2, tma=True, split_n=True),
+    "persistent-ws": GemmConfig(16, 32, 64, tma=True, persistent=True, promote_per_tile=True,
+                                warp_specialize=True, device_descriptors=True),
+    "lagged": GemmConfig(16, 32, 64, tma=True, promote_lagged=True, num_stages=2),
+    "lagged-split-k3": GemmConfig(16, 32, 32, split_k=3, tma=True, promote_lagged=True),
+    "lagged-persistent-device": GemmConfig(16, 32, 64, tma=True, promote_lagged=True,
+                                           persistent=True, device_descriptors=True),
+}
 
 
-@pytest.mark.parametrize("config", TMA_CONFIGS, ids=["plain", "split-k3", "split-n-per-tile",
-                                                     "split-k2-split-n", "persistent"])
+@pytest.mark.parametrize("config", list(TMA_CONFIGS.values()), ids=list(TMA_CONFIGS))
 @pytest.mark.parametrize("m,n,k", [(1, 70, 272), (37, 128, 256), (0, 16, 64)],
                          ids=["M1-N70-K272", "M37-N128-K256", "M0-N16-K64"])
 def test_ptpc_linear_quantized_triton_tma_matches_torch(m, n, k, config):
@@ -135,6 +142,18 @@ def test_ptpc_linear_quantized_triton_tma_rejects_unaligned_rows():
     with pytest.raises(ValueError, match=r"TMA kernel needs 16-byte aligned fp8 rows"):
         ptpc_linear_quantized_triton(x_q, x_scale, w_q, w_scale, torch.float32,
                                      GemmConfig(16, 32, 64, tma=True))
+
+
+def test_ptpc_gemm_tma_warp_specialization_needs_device_descriptors():
+    """Host descriptors keep their BLOCK_M-row box after Triton 3.6 splits the A tile between
+    two consumer warpgroups: the launcher refuses that config off the interpreter."""
+    a = torch.zeros(4, 64, dtype=torch.float8_e4m3fn)
+    w_q = torch.zeros(8, 64, dtype=torch.float8_e4m3fn)
+    config = dataclasses.replace(HOPPER_WS_CONFIG, device_descriptors=False)
+    with pytest.raises(ValueError, match=r"needs device_descriptors=True"):
+        launch_ptpc_gemm_tma(a, w_q, torch.ones(4), torch.ones(8),
+                             torch.empty(4, 8, dtype=torch.bfloat16), config,
+                             on_interpreter=False, num_programs=1)
 
 
 def test_ptpc_linear_triton_keeps_leading_dims_and_dtype():
@@ -181,9 +200,10 @@ def test_pick_config_fits_gfx942_lds_and_promotes_on_h200(m, n, k):
 
 
 @pytest.mark.parametrize("m, n, k, want", [
-    (1, 576, 7168, (16, 64, 256, 1, 4, 4)),         # kv_a decode: no split K on CUDA
-    (16, 576, 7168, (16, 64, 256, 1, 4, 4)),
-    (1, 7168, 12288, (16, 64, 256, 1, 4, 4)),       # o_proj decode
+    (1, 576, 7168, (16, 64, 512, 1, 4, 3)),         # kv_a decode: no split K on CUDA, and
+    (16, 576, 7168, (16, 64, 512, 1, 4, 3)),        # 9 tiles: 512-K steps (session 4)
+    (1, 7168, 12288, (16, 64, 512, 1, 4, 3)),       # o_proj decode: 112 tiles
+    (1, 36864, 7168, (16, 64, 256, 1, 4, 4)),       # kda qkv decode: 576 tiles
     (48, 576, 7168, (64, 64, 256, 7, 4, 4)),        # M 17-64: round 1's split K
     (128, 7168, 12288, (64, 128, 256, 1, 8, 3)),    # o_proj M = 128: round 2's winner
     (128, 576, 7168, (64, 128, 128, 12, 4, 4)),     # kv_a M = 128: round 1's split K
@@ -292,23 +312,10 @@ def test_ptpc_linear_triton_proxy_shapes_gpu(m, n, k):
 
 
 # The TMA kernel's candidates on the H200, as benchmarks/kernels/bench_ptpc_fp8.py times them:
-# HOPPER_TMA_CONFIG ("tma ws 128x128"), its persistent form, 128x256 tiles in two column halves,
-# and 128x64 tiles (M = 128).
-GPU_TMA_CONFIGS = {
-    "ws-128x128": HOPPER_TMA_CONFIG,
-    "ws-128x128-persistent": dataclasses.replace(HOPPER_TMA_CONFIG, persistent=True),
-    "ws-128x256-split-n": dataclasses.replace(HOPPER_TMA_CONFIG, block_n=256, num_stages=3,
-                                              split_n=True),
-    "ws-128x64": dataclasses.replace(HOPPER_TMA_CONFIG, block_n=64, num_stages=6),
-}
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("config", list(GPU_TMA_CONFIGS.values()), ids=list(GPU_TMA_CONFIGS))
-@pytest.mark.parametrize("m", [300, 2048], ids=lambda m: f"M{m}")
-@pytest.mark.parametrize("n,k", [(7168, 12288), (576, 7168), (24576, 512)],
-                         ids=["o_proj", "kv_a", "kv_b"])
-def test_ptpc_linear_triton_tma_proxy_shapes_gpu(m, n, k, config):
+# HOPPER_TMA_CONFIG ("tma lag2": 8 warps, paired K tiles) first, then the warp-specialized
+# ones (HOPPER_WS_CONFIG and its 128x256 form) in a test of their own at the end of the file
+# (session 3's host-descriptor form of them hung the H200; a hang there loses no other test).
+def check_tma_config_on_proxy_shape(m: int, n: int, k: int, config: GemmConfig) -> None:
     """The TMA kernel as close to fp32 math as torch._scaled_mm on the same inputs."""
     x_q, x_scale = ptpc_quantize_torch(random_matrix(m, k, seed=m, dtype=torch.bfloat16))
     w_q, w_scale = quantize_weight_ptpc(random_matrix(n, k, seed=n, dtype=torch.bfloat16))
@@ -318,3 +325,34 @@ def test_ptpc_linear_triton_tma_proxy_shapes_gpu(m, n, k, config):
     peer = scaled_mm_relative_error(x_q, x_scale, w_q, w_scale, expected)
     limit = SCALED_MM_ERROR_FACTOR * peer + SCALED_MM_ERROR_SLACK
     assert error <= limit, f"relative error {error:.3g} > {limit:.3g} (torch._scaled_mm {peer:.3g})"
+
+
+PROXY_SHAPES = pytest.mark.parametrize("n,k", [(7168, 12288), (576, 7168), (24576, 512)],
+                                       ids=["o_proj", "kv_a", "kv_b"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [300, 2048], ids=lambda m: f"M{m}")
+@PROXY_SHAPES
+def test_ptpc_linear_triton_tma_lagged_proxy_shapes_gpu(m, n, k):
+    check_tma_config_on_proxy_shape(m, n, k, HOPPER_TMA_CONFIG)
+
+
+# Not a default: session 4's first H200 run stored the second consumer's rows 64 rows too far
+# (Triton 3.6's data partitioning); the kernel's workaround is unmeasured, so a failure here is
+# expected until a run shows otherwise (non-strict: a pass shows as XPASS).
+GPU_WS_CONFIGS = {
+    "ws-128x128": HOPPER_WS_CONFIG,
+    "ws-128x256-split-n": dataclasses.replace(HOPPER_WS_CONFIG, block_n=256, num_stages=3,
+                                              split_n=True),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(reason="Triton 3.6 warp specialization: wrong rows in session 4's first run; "
+                          "workaround unmeasured", strict=False)
+@pytest.mark.parametrize("config", list(GPU_WS_CONFIGS.values()), ids=list(GPU_WS_CONFIGS))
+@pytest.mark.parametrize("m", [300, 2048], ids=lambda m: f"M{m}")
+@PROXY_SHAPES
+def test_ptpc_linear_triton_tma_ws_proxy_shapes_gpu(m, n, k, config):
+    check_tma_config_on_proxy_shape(m, n, k, config)

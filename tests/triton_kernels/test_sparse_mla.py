@@ -102,6 +102,22 @@ def test_sparse_mla_triton_interpreter_prefetch_matches_torch(interpreted, num_s
     assert_close("lse", got_lse, want_lse, 1e-5, 1e-5)
 
 
+def test_sparse_mla_triton_interpreter_gapped_blocks_match_torch(interpreted):
+    """Blocks not back to back (every other block of a buffer): slots split into (block,
+    offset) instead of the flat slot x row stride offset the other tests take."""
+    num_rows, num_heads, k, block_size = 3, 5, 37, 16
+    cache = make_latent_cache(12, block_size, torch.float8_e4m3fn, seed=k)[::2]
+    assert cache.stride(0) != block_size * cache.stride(1)
+    slots = make_slots(num_rows, k, 6 * block_size, 0.3, seed=1)
+    q = torch.randn(num_rows, num_heads, 576, generator=torch.Generator().manual_seed(2))
+    got_out, got_lse = interpreted.sparse_mla_triton(q, cache, LATENT_SCALE, slots,
+                                                     SOFTMAX_SCALE, num_splits=2,
+                                                     value_splits=2)
+    want_out, want_lse = sparse_mla_torch(q, cache, LATENT_SCALE, slots, SOFTMAX_SCALE)
+    assert_close("out", got_out, want_out, 1e-5, 1e-5)
+    assert_close("lse", got_lse, want_lse, 1e-5, 1e-5)
+
+
 def test_sparse_mla_triton_interpreter_fp16_operands_match_torch(interpreted):
     """FP16 products over an FP8 latent: queries far outside FP16's range (2^40, 2^-40) are
     scaled into it; operands stay exact, only the probabilities round (to FP16)."""
@@ -186,11 +202,12 @@ def test_fewest_splits_filling_waves_on_132_multiprocessors(num_programs, max_sp
 
 # (rows a program, programs' row groups, keys, sparse) -> (block_h, block_n, splits, warps,
 # stages, value splits, scores via memory, prefetch, fp16 operands) of the fastest tiles
-# measured for 96 heads on CUDA (round 2; round 3 for few sparse rows).
+# measured for 96 heads on CUDA (round 2; round 3 for few sparse rows; session 4: FP16 products
+# for many sparse rows).
 CUDA_96_HEAD_TILES = [
     # 16 sparse rows: one split here (a CPU tensor: one multiprocessor); 4 on an H200
     ((1, 16, 2048, True), (128, 64, 1, 8, 1, 2, False, 1, True)),
-    ((1, 64, 2048, True), (128, 64, 1, 8, 1, 2, False, 0, False)),  # sparse, 64 rows
+    ((1, 64, 2048, True), (128, 64, 1, 8, 1, 2, False, 0, True)),  # sparse, 64 rows
     ((1, 16, 2048, False), (64, 64, 16, 8, 1, 1, True, 0, False)),  # dense, short context
     ((1, 16, 131072, False), (128, 64, 1, 8, 1, 2, False, 0, False)),  # dense, 1 row a request
     ((4, 16, 16384, False), (32, 64, 1, 8, 1, 2, False, 0, False)),  # dense, 4 rows a request

@@ -1,6 +1,7 @@
-"""topk_triton against topk_positions_torch / positions_to_slots_torch: exactly equal (ties to
-the lower position, -0.0 = +0.0, -1 padding), under Triton's interpreter on the CPU and on a
-GPU at real sizes (k = 2048, rows up to 1M)."""
+"""topk_triton against topk_positions_torch / positions_to_slots_torch: exactly equal (the
+selected set in ascending position order, ties to the lower position, -0.0 = +0.0, -1
+padding), under Triton's interpreter on the CPU and on a GPU at real sizes (k = 2048, rows up
+to 1M)."""
 
 import pytest
 import torch
@@ -47,18 +48,36 @@ def test_topk_triton_interpreter_matches_torch(interpreted, case):
     assert torch.equal(got, topk_positions_torch(scores, k, lengths))
 
 
-@pytest.mark.parametrize("finish_split, search_ways", [(1, 2), (16, 16)],
-                         ids=["split1_ways2", "split16_ways16"])
-def test_topk_triton_interpreter_finish_slices(interpreted, finish_split, search_ways):
-    # The finish's programs each rank one slice of the output: ties (3 levels) straddle the
-    # slice boundaries, which the boundary search must split by position; the -inf and
-    # -0.0 / +0.0 scores of make_scores land inside the answer of the short row.
-    scores = make_scores(3, 200, 3, seed=11)
-    lengths = torch.tensor([200, 70, 0])
+@pytest.mark.parametrize("search_ways", [2, 16], ids=["ways2", "ways16"])
+def test_topk_triton_interpreter_finish_cut_in_ties(interpreted, search_ways):
+    # The finish's cut falls inside a run of ties (3 levels), split by position; the -inf and
+    # -0.0 / +0.0 scores of make_scores land inside the answer of the short row; the bitmap's
+    # prefix sum spans several scan steps (16 words each under the interpreter: 512
+    # positions) in the 1100-long row.
+    scores = make_scores(3, 1100, 3, seed=11)
+    lengths = torch.tensor([1100, 70, 0])
     got = interpreted.topk_triton(scores, 100, lengths, programs_per_row=2,
-                                  finish_split=finish_split, search_ways=search_ways,
-                                  threshold_ways=search_ways)
+                                  search_ways=search_ways, threshold_ways=search_ways)
     assert torch.equal(got, topk_positions_torch(scores, 100, lengths))
+
+
+@pytest.mark.parametrize("options", [{}, {"staging_pieces": 1},
+                                     {"staging_pieces": 1, "collect_programs_per_sm": 64},
+                                     {"programs_per_row": 1, "collect_programs_per_sm": 1}],
+                         ids=["staged", "staged_pieces1", "staged_pieces1_64_per_sm",
+                              "staged_1_per_row"])
+def test_topk_triton_interpreter_staged_collect(interpreted, options):
+    # The staged collect: distinct scores (row 0), rising runs of ties whose candidates crowd
+    # the last chunks (row 1: a slice of one tile flushes on almost every tile), all equal
+    # (row 2: the buffer overflows, the rescan), a row of length 1 and an empty one; many
+    # programs per row (some past a row's end) or one.
+    scores = make_scores(5, 700, 0, seed=31)
+    scores[1] = (torch.arange(700) // 3).float()
+    scores[2] = 0.5
+    lengths = torch.tensor([700, 650, 700, 1, 0])
+    got = interpreted.topk_triton(scores, 40, lengths, collect="staged",
+                                  **{"programs_per_row": 2, **options})
+    assert torch.equal(got, topk_positions_torch(scores, 40, lengths))
 
 
 def test_topk_triton_interpreter_rising_scores(interpreted):
@@ -95,55 +114,43 @@ def test_topk_triton_interpreter_minus_inf_tail(interpreted):
     assert torch.equal(got, topk_positions_torch(scores, 30, lengths))
 
 
-@pytest.mark.parametrize("options", [{"collect": "round2"},
-                                     {"collect": "stream", "collect_programs_per_sm": 64},
-                                     {"collect_programs_per_sm": 1},
-                                     {"group_max_prefetch": True, "programs_per_row": 1},
+@pytest.mark.parametrize("options", [{"collect_programs_per_sm": 64},
+                                     {"collect": "warp", "collect_programs_per_sm": 1},
+                                     {"group_max_stages": 1, "programs_per_row": 1},
                                      {"group_max_stages": 3, "programs_per_row": 1},
                                      {"threshold_parts": 1, "programs_per_row": 3},
                                      {"threshold_parts": 2, "programs_per_row": 3}],
-                         ids=["collect_round2", "stream_64_per_sm", "warp_1_per_sm",
-                              "group_max_prefetch_1_per_row", "group_max_stages3_1_per_row",
+                         ids=["staged_64_per_sm", "warp_1_per_sm",
+                              "group_max_stages1_1_per_row", "group_max_stages3_1_per_row",
                               "threshold_parts1", "threshold_parts2_of_3_chunks"])
 def test_topk_triton_interpreter_collect_variants(interpreted, options):
     # The collects' chunks: many (some past a short row's end: empty) or one per row;
-    # lengths of 1 and not a multiple of its tile; round 2's collects still selectable; stage
-    # 1's prefetch or pipelined loads over a chunk of two full tiles and a tail; stage 2
-    # merging 3 chunks' maxima one at a time or two at a time (the last load half masked).
+    # lengths of 1 and not a multiple of its tile; stage 1's loads through its tail loop
+    # alone or pipelined over a chunk of two full tiles and a tail; stage 2 merging 3
+    # chunks' maxima one at a time or two at a time (the last load half masked).
     scores = make_scores(3, 301, 4, seed=21)
     lengths = torch.tensor([301, 1, 250])
     got = interpreted.topk_triton(scores, 40, lengths, **{"programs_per_row": 2, **options})
     assert torch.equal(got, topk_positions_torch(scores, 40, lengths))
 
 
-@pytest.mark.parametrize("options", [{"collect_programs_per_sm": 64}, {"capacity_factor": 1},
-                                     {"threshold_slack": 0, "collect_block": 32,
-                                      "stream_stages": 1}],
-                         ids=["warp_64_per_sm", "capacity1", "slack0_block32_prefetch1"])
+@pytest.mark.parametrize("options", [{"collect": "warp", "collect_programs_per_sm": 64},
+                                     {"capacity_factor": 1},
+                                     {"capacity_factor": 1, "fuse_overflow": True},
+                                     {"collect": "warp", "threshold_slack": 0,
+                                      "collect_block": 32, "collect_stages": 1}],
+                         ids=["warp_64_per_sm", "capacity1", "capacity1_fused_rescan",
+                              "slack0_block32_prefetch1"])
 def test_topk_triton_interpreter_ties_and_overflow_variants(interpreted, options):
     # Rising and falling scores with runs of ties (row 2 flipped), a -inf tail (row 1), short
     # rows: many warp programs (some past a row's end), a buffer of k that every row overflows
-    # (topk_overflow_kernel's rescan), the exact threshold with a tile of 32 and the next
-    # tile's load issued by hand.
+    # (topk_overflow_kernel's rescan, or the finish's own), the exact threshold with a tile
+    # of 32 and the next tile's load issued by hand.
     scores = (torch.arange(301) // 3).float()[None].repeat(3, 1)
     scores[1, 120:] = -torch.inf
     scores[2] = scores[2].flip(0)
     lengths = torch.tensor([301, 200, 45])
     got = interpreted.topk_triton(scores, 40, lengths, programs_per_row=2, **options)
-    assert torch.equal(got, topk_positions_torch(scores, 40, lengths))
-
-
-@pytest.mark.parametrize("options", [{}, {"programs_per_row": 1, "collect_programs_per_sm": 1},
-                                     {"collect_programs_per_sm": 64}],
-                         ids=["lane", "lane_1_per_row", "lane_64_per_sm"])
-def test_topk_triton_interpreter_lane_collect(interpreted, options):
-    # The lane collect's tiles (8 scores per thread, 4 threads here): rows not a multiple of
-    # the tile (the masked tail), ties in 4 levels with -0.0 / +0.0 / -inf, a row of length 1,
-    # one chunk per row or many (some past a row's end).
-    scores = make_scores(3, 301, 4, seed=23)
-    lengths = torch.tensor([301, 1, 250])
-    got = interpreted.topk_triton(scores, 40, lengths, collect="lane", threshold_slack=8,
-                                  **{"programs_per_row": 2, **options})
     assert torch.equal(got, topk_positions_torch(scores, 40, lengths))
 
 
@@ -171,14 +178,20 @@ def test_topk_triton_rejects_k_beyond_limit(interpreted):
         interpreted.topk_triton(torch.zeros(1, 5), 5000, torch.tensor([5]))
 
 
-def test_topk_triton_rejects_finish_split_not_power_of_two(interpreted):
-    with pytest.raises(ValueError, match=r"finish_split must be a power of two >= 1, got 3"):
-        interpreted.topk_triton(torch.zeros(1, 5), 2, torch.tensor([5]), finish_split=3)
+def test_topk_triton_rejects_search_ways_not_power_of_two(interpreted):
+    with pytest.raises(ValueError, match=r"search_ways must be a power of two >= 1, got 3"):
+        interpreted.topk_triton(torch.zeros(1, 5), 2, torch.tensor([5]), search_ways=3)
+
+
+def test_topk_triton_rejects_empty_staging(interpreted):
+    with pytest.raises(ValueError, match=r"staging_pieces must be >= 1, got 0"):
+        interpreted.topk_triton(torch.zeros(1, 5), 2, torch.tensor([5]), collect="staged",
+                                staging_pieces=0)
 
 
 def test_topk_triton_rejects_unknown_collect(interpreted):
-    with pytest.raises(ValueError, match=r"collect must be one of \('warp', 'lane', "
-                                         r"'stream', 'round2'\), got 'fast'"):
+    with pytest.raises(ValueError, match=r"collect must be one of \('warp', 'staged'\), "
+                                         r"got 'fast'"):
         interpreted.topk_triton(torch.zeros(1, 5), 2, torch.tensor([5]), collect="fast")
 
 
@@ -190,8 +203,8 @@ def test_topk_triton_rejects_block_size_not_power_of_two(interpreted):
 
 
 # The launches the final H200 run measures beside the default (a default may move to one).
-GPU_PIPELINES = {"lane": {"collect": "lane"}, "fwarps32": {"finish_warps": 32},
-                 "lane_fwarps32": {"collect": "lane", "finish_warps": 32}}
+GPU_PIPELINES = {"warp": {"collect": "warp"}, "cumsum": {"staged_ballot": False},
+                 "ways16": {"search_ways": 16}}
 
 
 def mixed_rows(length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -229,16 +242,13 @@ def test_topk_triton_gpu_pipelines_match_torch(pipeline):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("options", [{"collect": "round2"},
-                                     {"collect": "stream", "collect_programs_per_sm": 2},
-                                     {"collect": "stream", "collect_block": 1024},
-                                     {"group_max_prefetch": True}, {"threshold_parts": 1}],
-                         ids=["collect_round2", "stream_2_per_sm", "stream_block1024",
-                              "group_max_prefetch", "threshold_parts1"])
+@pytest.mark.parametrize("options", [{"collect_programs_per_sm": 2}, {"threshold_parts": 1}],
+                         ids=["staged_2_per_sm", "threshold_parts1"])
 def test_topk_triton_gpu_collect_variants(options):
     from atomk31.triton_kernels.topk import topk_triton
 
-    # The collect variants at real size: distinct scores at 1M, ties, rising runs, a short row.
+    # The collect variants at real size: distinct scores at 1M, ties, rising runs, a short
+    # row; the staged collect on 8 times fewer, longer chunks than its default.
     length = 1 << 20
     scores = make_scores(4, length, 0, seed=7, device="cuda")
     scores[1] = make_scores(1, length, 5, seed=8, device="cuda")[0]
@@ -272,11 +282,17 @@ def test_topk_triton_gpu_writes_slots(length, pipeline):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("options", [{"threshold_slack": -1}, {"group_max_stages": 1},
-                                     {"collect": "lane", "collect_programs_per_sm": 32},
-                                     {"collect": "lane", "stream_stages": 4},
-                                     {"stream_stages": 1}],
-                         ids=["exact_threshold", "group_max_stages1", "lane_32_per_sm",
-                              "lane_stages4", "warp_prefetch1"])
+                                     {"collect": "warp", "collect_stages": 1},
+                                     {"collect": "staged", "staging_pieces": 1},
+                                     {"collect": "staged", "collect_block": 512},
+                                     {"collect": "staged", "staged_ballot": True,
+                                      "collect_block": 512, "staging_pieces": 1},
+                                     {"threshold_warps": 4, "finish_warps": 8},
+                                     {"fuse_overflow": True}],
+                         ids=["exact_threshold", "group_max_stages1", "warp_prefetch1",
+                              "staged_pieces1",
+                              "staged_tile512", "ballot_tile512_pieces1",
+                              "threshold4_finish8_warps", "fused_overflow"])
 def test_topk_triton_gpu_tuning_variants(options):
     from atomk31.triton_kernels.topk import topk_triton
 
@@ -293,18 +309,30 @@ def test_topk_triton_gpu_tuning_variants(options):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("finish_split, search_ways", [(1, 4), (4, 16), (16, 64)],
-                         ids=["split1_ways4", "split4_ways16", "split16_ways64"])
-def test_topk_triton_gpu_finish_variants(finish_split, search_ways):
+@pytest.mark.parametrize("search_ways", [4, 16, 64], ids=lambda w: f"ways{w}")
+def test_topk_triton_gpu_finish_variants(search_ways):
     from atomk31.triton_kernels.topk import topk_triton
 
-    # The finish's slices at real size: distinct scores, scores in 5 levels (ties straddle
-    # every slice boundary), rising runs of 4, and a short row.
+    # The finish's cut search at real size: distinct scores, scores in 5 levels (the cut
+    # inside a long run of ties), rising runs of 4, and a short row.
     length = 131072
     scores = make_scores(4, length, 0, seed=5, device="cuda")
     scores[1] = make_scores(1, length, 5, seed=6, device="cuda")[0]
     scores[2] = torch.arange(length, device="cuda") // 4
     lengths = torch.tensor([length, length - 3, length, 3000], device="cuda")
-    got = topk_triton(scores, 2048, lengths, finish_split=finish_split,
-                      search_ways=search_ways)
+    got = topk_triton(scores, 2048, lengths, search_ways=search_ways)
     assert torch.equal(got, topk_positions_torch(scores, 2048, lengths))
+
+
+@pytest.mark.gpu
+def test_topk_triton_gpu_repeated_calls_stay_exact():
+    from atomk31.triton_kernels.topk import topk_triton
+
+    # The finish's bitmap lives in a fresh workspace each call, zeroed by stage 1, and its
+    # words are read back after atomics and a barrier: repeat a mixed batch to catch stale
+    # words or a missed ordering.
+    scores, lengths = mixed_rows(131072)
+    want = topk_positions_torch(scores, 2048, lengths)
+    for options in ({}, {"collect": "warp"}, {"staged_ballot": False}):
+        for _ in range(20):
+            assert torch.equal(topk_triton(scores, 2048, lengths, **options), want)
