@@ -12,8 +12,9 @@ layer, and the first op on the list is the culprit, not a victim.
     ... run the model with `table` ...
     for op, stats in table.report(): print(op, stats)
 
-Integer outputs (top-k slots, ids) are compared as sets per row when ``unordered_ops`` names the
-op, else element by element; a difference there counts as 1.0 (a wrong slot is not "close").
+Integer outputs (top-k slots, ids) are compared element by element, or as sets per row when
+``unordered_ops`` names the op (none by default: every backend's top-k lists its set in
+ascending position); a difference there counts as 1.0 (a wrong slot is not "close").
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class ShadowOpTable:
     checked: OpTable
     reference: OpTable
     follow: str = "reference"
-    unordered_ops: frozenset[str] = frozenset({"topk_positions", "topk_slots"})
+    unordered_ops: frozenset[str] = frozenset()
     stats: dict[str, ShadowStats] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
