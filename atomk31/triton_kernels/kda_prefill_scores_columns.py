@@ -219,7 +219,7 @@ def kda_prefill_scores_columns(
     ``num_warps`` are tuning knobs; ``tf32_solve`` as in kda_prefill_scores; ``bf16_scores``:
     the score products with BF16 operands (16-bit inputs only; ignored for fp32 inputs and
     under the interpreter, whose BF16 dot is wrong)."""
-    scores = _empty_scores(q, chunk_start.shape[0], scores_dtype)
+    scores = empty_scores(q, chunk_start.shape[0], scores_dtype)
     _launch(q, k, None, g, beta, chunk_start, chunk_len, scale, scores, None, block_k,
             num_warps, tf32_solve, bf16_scores, 64, False)
     return scores
@@ -248,7 +248,7 @@ def kda_prefill_intra_columns(
     ``compact_scores``: aqk (and the inverse, a scratch here) in the intermediates' dtype when
     it is 16-bit; ``gated_block``, ``bf16_products`` as in kda_prefill_gated."""
     compact = compact_scores and intermediate_dtype in (torch.bfloat16, torch.float16)
-    scores = _empty_scores(q, chunk_start.shape[0],
+    scores = empty_scores(q, chunk_start.shape[0],
                            intermediate_dtype if compact else torch.float32)
     out = empty_intermediates(chunk_start.shape[0], q.shape[1], q.shape[2], v.shape[2],
                               intermediate_dtype, q.device, aqk=scores["aqk"])
@@ -258,7 +258,9 @@ def kda_prefill_intra_columns(
     return out
 
 
-def _empty_scores(q: torch.Tensor, num_chunks: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def empty_scores(q: torch.Tensor, num_chunks: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Stage 1a's outputs for ``num_chunks`` chunks of q's heads: aqk and inverse in ``dtype``,
+    the norms in fp32 (one chunk's worth when there are none, so the pointers are valid)."""
     rows = (max(num_chunks, 1), q.shape[1], CHUNK_SIZE)
     out = {name: torch.empty(*rows, CHUNK_SIZE, dtype=dtype, device=q.device)
            for name in ("aqk", "inverse")}

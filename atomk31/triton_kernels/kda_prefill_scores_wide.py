@@ -38,7 +38,8 @@ import triton.language as tl
 from triton.runtime import driver
 
 from atomk31.triton_kernels.kda_prefill_intra import CHUNK_SIZE, L2_NORM_EPS, SUB_CHUNK_SIZE
-from atomk31.triton_kernels.kda_prefill_scores_columns import score_product, solve_stored_l
+from atomk31.triton_kernels.kda_prefill_scores_columns import (empty_scores, score_product,
+                                                              solve_stored_l)
 from atomk31.triton_kernels.kda_prefill_tuning import KdaPrefillTuning
 from atomk31.triton_kernels.runtime import dot_precision, runs_on_interpreter
 
@@ -191,11 +192,7 @@ def kda_prefill_scores_wide(
     contraction 4 x block_k: fewer, larger products and barriers); scores_max_registers (a
     cap per thread on CUDA, maxnreg; ignored elsewhere)."""
     num_chunks, num_heads, head_dim = chunk_start.shape[0], q.shape[1], q.shape[2]
-    rows = (max(num_chunks, 1), num_heads, CHUNK_SIZE)
-    out = {name: torch.empty(*rows, CHUNK_SIZE, dtype=scores_dtype, device=q.device)
-           for name in ("aqk", "inverse")}
-    out.update({name: torch.empty(rows, dtype=torch.float32, device=q.device)
-                for name in ("inv_norm_q", "inv_norm_k")})
+    out = empty_scores(q, num_chunks, scores_dtype)
     if num_chunks == 0:
         return out
     kernel = kda_prefill_scores_wide_kernel
