@@ -22,7 +22,7 @@ summary="$RESULTS/summary.txt"
 while read -r name limit command; do
     [[ -z "$name" || "$name" == \#* ]] && continue
     start=$(date +%s)
-    timeout "$limit" bash -c "$command" > "$RESULTS/$name.log" 2>&1
+    timeout -k 15 "$limit" bash -c "$command" > "$RESULTS/$name.log" 2>&1
     rc=$?
     echo "=== $name rc=$rc $(( $(date +%s) - start ))s" | tee -a "$summary"
     # The last lines of a step are its table (benchmarks) or its pytest summary.

@@ -8,6 +8,7 @@ import torch
 from atomk31.config import ModelConfig
 from atomk31.model.weights import WeightSource
 from atomk31.ops import OpTable
+from atomk31.ops.moe import mxfp4_scales_allow_one_factor
 
 ROUTED_NORM_NAME = "routed_expert_norm.weight"
 
@@ -66,6 +67,10 @@ class LatentMoE:
                                       for p in experts])
             self.w2_packed = _stack([weights.take_raw(p + "w2.weight_packed") for p in experts])
             self.w2_scales = _stack([weights.take_raw(p + "w2.weight_scale") for p in experts])
+            # Once per layer, at load (one host sync here, none per step): whether every
+            # scale byte allows the kernels' one-multiply decode (ops/moe.py's docstring).
+            self.one_factor_exact = mxfp4_scales_allow_one_factor(self.w13_scales,
+                                                                  self.w2_scales)
         else:
             self.w13 = _stack([weights.take_cat([p + "w1.weight", p + "w3.weight"])
                                for p in experts])
@@ -78,7 +83,8 @@ class LatentMoE:
         z = x @ self.w_latent_down.T if self.is_latent else x
         if self.is_mxfp4:
             u = ops.moe_experts_mxfp4(z, weights, ids, self.w13_packed, self.w13_scales,
-                                      self.w2_packed, self.w2_scales, self.beta, self.linear_beta)
+                                      self.w2_packed, self.w2_scales, self.beta, self.linear_beta,
+                                      one_factor_exact=self.one_factor_exact)
         else:
             u = ops.moe_experts_dense(z, weights, ids, self.w13, self.w2, self.beta,
                                       self.linear_beta)

@@ -124,16 +124,18 @@ def moe_experts_mxfp4_amd(
     w2_scales: torch.Tensor,
     beta: float,
     linear_beta: float | None,
+    one_factor_exact: bool = False,
 ) -> torch.Tensor:
     """`moe_experts_mxfp4`: the FlyDSL kernels when Dl and F are multiples of 128 (K3.1:
-    3584, 3072); other shapes go to the portable implementation."""
+    3584, 3072); other shapes go to the portable implementation. one_factor_exact (the
+    weights' promise, ops/moe.py) only reaches the portable path: FlyDSL decodes its own way."""
     from flydsl_kernels.moe_mxfp4 import check_shapes, moe_experts_mxfp4_flydsl
 
     args = (z, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed, w2_scales, beta,
             linear_beta)
     if w13_packed.dim() == 3 and check_shapes(w13_packed) is None:
         return moe_experts_mxfp4_flydsl(*args)
-    return _portable_moe_experts_mxfp4()(*args)
+    return _portable_moe_experts_mxfp4()(*args, one_factor_exact=one_factor_exact)
 
 
 def _portable_moe_experts_mxfp4() -> Callable:

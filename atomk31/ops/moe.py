@@ -20,8 +20,28 @@ Contracts (T = tokens, D = hidden size, E = routed experts, k = top_k, Dl = late
   [pairs, F] goes through MXFP8 (``atomk31/quant/mxfp8.py``: e4m3fn values, one E8M0 scale
   per 32 along F, OCP rule ``e = floor(log2 amax) - 8``) straight from its fp32 value (no
   rounding to z's dtype first), and the down projection multiplies the dequantized values.
+  ``one_factor_exact`` (default False): a promise about the weights, not a choice of result:
+  True only when ``mxfp4_scales_allow_one_factor(w13_scales, w2_scales)`` (computed once per
+  layer when the weights are loaded, never per call). The BF16 kernels then decode each
+  weight pair with one multiply instead of two, to the same weights (see below).
 * ``moe_experts_dense(z, topk_weights, topk_ids, w13 [E, 2F, Dl], w2 [E, Dl, F], beta,
   linear_beta) -> u fp32 [T, Dl]``: the same for a dequantized (BF16 or fp32) checkpoint.
+
+One-multiply decode (DECIDED HERE, issue #6): the BF16 Triton kernels build a weight as
+E2M1 * 2^-126 (a BF16 subnormal for code 0.5) and scale it by the E8M0 factor 2^(s-127). Two
+exact BF16 multiplies (by 2^126, then by 2^(s-127)) work for every byte; one multiply by
+2^(s-1-64) gives the weight times 2^-64 (undone on the fp32 accumulator) and is exact only
+when the factor is a BF16 (s <= 192) and the weight's lowest bit, 0.5 * 2^(s-127) * 2^-64,
+is no finer than BF16's smallest subnormal 2^-133 (s >= 59). Byte 0 (the quantizer's byte
+for an all-zero block) gives 0 in both decodes (2^-127 flushes: the kernels' documented
+treatment), so it is allowed too. In that range the decoded weights are the two-multiply
+decode's, bit for bit; the products a * w then carry the 2^-64, so one smaller than 2^-62 in
+magnitude lands in fp32's subnormal range (it keeps its bits down to 2^-149, or is flushed if
+the tensor cores flush): at most 2^-62 absolute per product, far below the fp32
+accumulator's own rounding for any output above ~2^-26. A block quantized by
+``quantize_mxfp4`` is in range when its largest magnitude lies in [2^-66, 2^67) or is 0 (random
+weights of scale 0.05: bytes near 120). fp32 activations always take the two-multiply decode
+(float32 exactness), and so does every backend without the word decode.
 
 Accumulation: every matmul and the weighted sum over the k experts in fp32. The SiTU-GLU
 output is rounded to ``z.dtype`` before the down projection (the engine stores activations
@@ -43,6 +63,10 @@ from atomk31.quant.mxfp8 import dequantize_mxfp8, quantize_mxfp8
 
 # §4.7: the renormalisation's epsilon (DEFINED HERE in §8 #11).
 RENORMALIZE_EPS = 1e-20
+# E8M0 scale bytes for which the one-multiply decode is exact (see the module docstring):
+# 59..192 for the kernels' shift of 64 (moe_mxfp4_decode.ONE_FACTOR_SHIFT: SHIFT - 5 ..
+# 128 + SHIFT), and byte 0, which both decodes turn into 0.
+ONE_FACTOR_SCALE_BYTES = (59, 192)
 
 
 def moe_route_torch(
@@ -78,6 +102,21 @@ def moe_route_torch(
     return topk_weights * scaling_factor, topk_ids.to(torch.int32)
 
 
+def mxfp4_scales_allow_one_factor(*scales: torch.Tensor) -> bool:
+    """Whether every E8M0 byte of the given scale tensors is 0 or in ONE_FACTOR_SCALE_BYTES:
+    the ``one_factor_exact`` promise of ``moe_experts_mxfp4``. One reduction and one host
+    sync per tensor: call it once when the weights are loaded, never per step."""
+    low, high = ONE_FACTOR_SCALE_BYTES
+    for tensor in scales:
+        if tensor.dtype != torch.uint8:
+            raise ValueError(f"mxfp4_scales_allow_one_factor: expected uint8 E8M0 scale "
+                             f"bytes, got {tensor.dtype}")
+        outside = (tensor != 0) & ((tensor < low) | (tensor > high))
+        if bool(outside.any()):
+            return False
+    return True
+
+
 def moe_experts_mxfp4_torch(
     z: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -89,10 +128,13 @@ def moe_experts_mxfp4_torch(
     beta: float,
     linear_beta: float | None,
     fp8_down_activations: bool = False,
+    one_factor_exact: bool = False,
 ) -> torch.Tensor:
     """Routed experts from MXFP4 weights. z: [T, Dl] -> u fp32 [T, Dl] (see module docstring).
 
-    fp8_down_activations: h in MXFP8 (e4m3fn + E8M0 per 32) before the down projection."""
+    fp8_down_activations: h in MXFP8 (e4m3fn + E8M0 per 32) before the down projection.
+    one_factor_exact: the weights' promise (module docstring); this exact fp32 dequantization
+    needs no such promise and ignores it."""
     num_experts, two_f, half_latent = w13_packed.shape
     latent_size, intermediate_size = 2 * half_latent, two_f // 2
     expected = {
@@ -222,12 +264,13 @@ def moe_experts_mxfp4_triton(
     z: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
     w13_packed: torch.Tensor, w13_scales: torch.Tensor, w2_packed: torch.Tensor,
     w2_scales: torch.Tensor, beta: float, linear_beta: float | None,
-    fp8_down_activations: bool = False,
+    fp8_down_activations: bool = False, one_factor_exact: bool = False,
 ) -> torch.Tensor:
     from atomk31.triton_kernels.moe_grouped_gemm import moe_experts_mxfp4_triton as kernel
 
     return kernel(z, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed, w2_scales,
-                  beta, linear_beta, fp8_down_activations=fp8_down_activations)
+                  beta, linear_beta, fp8_down_activations=fp8_down_activations,
+                  one_factor_exact=one_factor_exact)
 
 
 register("moe_route", "triton", moe_route_triton, _needs_gpu)

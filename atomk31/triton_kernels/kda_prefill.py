@@ -11,7 +11,12 @@ It plans the chunks on the host, then runs the stages in order:
    (``scores_columns``) with the scores as [64, 16] column blocks,
    ``kda_prefill_scores_columns``, before the gated kernel or (``fuse_gated``) with its work
    in the same program; or (``scores_wide``) with [64, 64] accumulators,
-   ``kda_prefill_scores_wide``, before the gated kernel;
+   ``kda_prefill_scores_wide``, before the gated kernel; or (``scores_wide`` and
+   ``fold_w_u``) with no gated kernel at all: the wide kernel also writes the gated rows
+   qg, kd, kb = β k̂ ⊙ exp(Γ), and stage 2 forms V' = P (β v - kb S) itself, so w and u
+   never go through memory (at 1 x 8K this drops stage 1b's ~1.9 GB of traffic, 0.70 ms,
+   for ~0.6 GB more writes in stage 1a and one [64, 64] x [64, BLOCK_V] product more per
+   chunk in stage 2);
 2. ``kda_prefill_state`` (one program per request, head and value block, chunk after
    chunk): the state, the snapshots, and either the output (fused) or, by default, the
    state before each chunk and V' for stage 3;
@@ -142,6 +147,9 @@ def run_intra(
                                                 tuning.scores_tf32_solve, tuning.scores_bf16,
                                                 intermediate_dtype if tuning.compact_scores
                                                 else torch.float32)
+        elif tuning.scores_wide and tuning.fold_w_u:
+            return _wide_with_gated_rows(q, k, v, g, beta, chunk_start, chunk_len, scale,
+                                         intermediate_dtype, tuning)
         elif tuning.scores_wide:
             scores = kda_prefill_scores_wide(q, k, g, beta, chunk_start, chunk_len, scale, tuning,
                                              intermediate_dtype if tuning.compact_scores
@@ -158,16 +166,41 @@ def run_intra(
                              tuning.intra_cache_right)
 
 
+def _wide_with_gated_rows(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    chunk_start: torch.Tensor, chunk_len: torch.Tensor, scale: float,
+    intermediate_dtype: torch.dtype, tuning: KdaPrefillTuning,
+) -> dict[str, torch.Tensor]:
+    """Stage 1 as one kernel without products of its own (``fold_w_u``): the wide stage 1a
+    also writes qg, kd, kb = β k̂ ⊙ exp(Γ) and decay; stage 2 then forms V' = P (β v - kb S),
+    so w and u never go through memory. Returns what stage 2 reads: those rows, aqk, the
+    inverse P, and the inputs v, beta."""
+    num_chunks, num_heads, head_dim = max(chunk_start.shape[0], 1), q.shape[1], q.shape[2]
+    rows = (num_chunks, num_heads, CHUNK_SIZE, head_dim)
+    gated_rows = {name: torch.empty(rows, dtype=intermediate_dtype, device=q.device)
+                  for name in ("qg", "kd", "kb")}
+    gated_rows["decay"] = torch.empty(rows[:2] + rows[3:], dtype=torch.float32, device=q.device)
+    scores = kda_prefill_scores_wide(q, k, g, beta, chunk_start, chunk_len, scale, tuning,
+                                     intermediate_dtype if tuning.compact_scores
+                                     else torch.float32, gated_rows)
+    return {**gated_rows, "aqk": scores["aqk"], "inverse": scores["inverse"], "v": v,
+            "beta": beta}
+
+
 def default_tuning(dtype: torch.dtype) -> KdaPrefillTuning:
     """The launchers' choices, per target and input dtype.
 
     CUDA, BF16/FP16 inputs: stage 1a as [64, 64] accumulators (kda_prefill_scores_wide.py,
-    16-bit aqk and inverse, TF32 solve as fla's) and the chunk table planned on the GPU when
-    there are no snapshots (H200, 2026-11-29, 1 x 8K tokens, 96 heads, checked against the
-    torch op in the same run: kernels 2.92 ms against 3.28 ms for session 2's [16, 16] tiles;
-    stage 1a 1.45 against 1.78 ms; the host planner's sync left the GPU idle 0.38-0.77 ms per
-    call, the device planner 0.01 ms). FP32 inputs keep the single kernel, the one their GPU
-    tests covered. AMD: a lane has 512 VGPRs, 256 for two waves per SIMD; 8-warp stage 1,
+    BF16 score products, 16-bit aqk and inverse, TF32 solve as fla's) writing the gated rows
+    too, w and u folded into stage 2 (``fold_w_u``: no stage 1b), and the chunk table planned
+    on the GPU when there are no snapshots. H200, session 5 round 1, 96 heads, checked against
+    the torch op in the same run (err 0.50 of the bound, as every variant): 1 x 8K 2.358 ms
+    = 1.255x fla's chunk_kda (2.958), 1 x 32K 9.251 ms = 1.265x (11.698); stages 1a 1.433,
+    2 0.627, 3 0.296 ms. Against session 4's default (TF32 scores, stage 1b: 2.876 ms): BF16
+    scores -0.19 ms, the fold -0.30 ms (stage 1b's 0.70 ms gone; stage 1a +0.21-0.24, stage 2
+    +0.16). Session 4: the host planner's sync left the GPU idle 0.38-0.77 ms per call, the
+    device planner 0.01 ms. FP32 inputs keep the single kernel, the one their GPU tests
+    covered. AMD: a lane has 512 VGPRs, 256 for two waves per SIMD; 8-warp stage 1,
     64-wide stage 3 and 32-wide, (gfx942) unpipelined stage 2 stay within them (4 warps /
     128-wide / 64-wide stage 2 / 2 stages need 264-290)."""
     if runs_on_interpreter(kda_prefill_intra_kernel):
@@ -176,7 +209,8 @@ def default_tuning(dtype: torch.dtype) -> KdaPrefillTuning:
     if target.backend != "hip":
         if dtype in (torch.bfloat16, torch.float16):
             return KdaPrefillTuning(intra_split=True, scores_wide=True, compact_scores=True,
-                                    scores_tf32_solve=True, plan_on_device=True)
+                                    scores_tf32_solve=True, plan_on_device=True,
+                                    scores_bf16=True, fold_w_u=True)
         return KdaPrefillTuning()
     return KdaPrefillTuning(intra_num_warps=8, output_block_v=64, block_v=32,
                             num_stages=1 if target.arch == "gfx942" else None)

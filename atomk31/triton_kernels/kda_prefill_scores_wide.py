@@ -27,6 +27,12 @@ The solve: L (scaled, strictly lower) goes to an fp32 scratch, the program reads
 [16, 16] tiles back (a barrier between: other threads wrote them) and runs the blockwise solve
 of ``kda_prefill_scores.py``, IEEE fp32 unless asked for TF32.
 
+With ``GATED_ROWS`` (``KdaPrefillTuning.fold_w_u``) the same program also writes, slice by
+slice, what stage 1b would have (kda_prefill_gated.py) less its products: qg, kd, decay and
+kb = β k̂ ⊙ exp(Γ), for stage 2 to form w S and u as P (β v - kb S). Those rows are
+normalised, so the norms come first, from a pass over q and k (cache hits for the main
+loop); sm_90: 254 registers, no stack (247 without), ~13% more instructions.
+
 Products: fp32 operands at DOT_PRECISION (IEEE for fp32 inputs, TF32 for 16-bit ones on
 NVIDIA), or with BF16_SCORES (16-bit inputs only, not under the interpreter) BF16 operands
 with fp32 accumulation.
@@ -43,6 +49,11 @@ from atomk31.triton_kernels.kda_prefill_scores_columns import (empty_scores, sco
 from atomk31.triton_kernels.kda_prefill_tuning import KdaPrefillTuning
 from atomk31.triton_kernels.runtime import dot_precision, runs_on_interpreter
 
+# Γ is kept in base 2 (Γ₂ = Γ log2 e, as fla's cumsum stores it): every exponential is then a
+# bare exp2, without tl.exp's multiply (sm_90: 3984 -> 3736 instructions, 4512 -> 4064 with
+# the gated rows). Exponent limits in base 2: 15 x 5.8 x log2 e = 125.5 < 128.
+LOG2_E = tl.constexpr(1.4426950408889634)
+
 
 @triton.jit
 def _block_reference(b_gamma, o_t, j: tl.constexpr, BC: tl.constexpr):
@@ -55,7 +66,7 @@ def _add_block(b_acc_a, b_acc_l, b_q, b_k, b_gamma, b_right, b_ref, o_t, j: tl.c
                BC: tl.constexpr, BF16_SCORES: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Block j's columns of A and L (raw: no norms, no β) from one channel slice."""
     b_exponent = tl.where((o_t >= j * BC)[:, None], b_gamma - b_ref[None, :], float("-inf"))
-    b_left = tl.exp(b_exponent)                                             # [BT, BK]
+    b_left = tl.exp2(b_exponent)                                             # [BT, BK]
     b_right_t = tl.trans(tl.where((o_t // BC == j)[:, None], b_right, 0.0))  # [BK, BT]
     b_acc_a = score_product(b_q * b_left, b_right_t, b_acc_a, BF16_SCORES, DOT_PRECISION)
     b_acc_l = score_product(b_k * b_left, b_right_t, b_acc_l, BF16_SCORES, DOT_PRECISION)
@@ -76,7 +87,7 @@ def _add_slice_by_blocks(b_acc_a, b_acc_l, b_q, b_k, b_gamma, o_t, BC: tl.conste
                           tl.where((b_block == 1)[:, None], ref1[None, :],
                                    tl.where((b_block == 2)[:, None], ref2[None, :],
                                             ref3[None, :])))
-    b_right = b_k * tl.exp(b_ref_rows - b_gamma)
+    b_right = b_k * tl.exp2(b_ref_rows - b_gamma)
     b_acc_a, b_acc_l = _add_block(b_acc_a, b_acc_l, b_q, b_k, b_gamma, b_right, ref0, o_t, 0,
                                   BC, BF16_SCORES, DOT_PRECISION)
     b_acc_a, b_acc_l = _add_block(b_acc_a, b_acc_l, b_q, b_k, b_gamma, b_right, ref1, o_t, 1,
@@ -99,18 +110,59 @@ def _add_slice_joined(b_acc_a, b_acc_l, b_q, b_k, b_gamma, o_t, BT: tl.constexpr
     b_gamma3 = tl.reshape(b_gamma, [NB, BC, BK])
     b_refs = tl.sum(tl.where((o_c == BC - 1)[None, :, None], b_gamma3, 0.0), axis=1)
     b_ref_rows = tl.reshape(tl.broadcast_to(b_refs[:, None, :], [NB, BC, BK]), [BT, BK])
-    b_right = b_k * tl.exp(b_ref_rows - b_gamma)
+    b_right = b_k * tl.exp2(b_ref_rows - b_gamma)
     b_right3 = tl.where((o_t // BC)[:, None, None] == o_b[None, None, :], b_right[:, :, None],
                         0.0)                                                  # [BT, BK, NB]
     b_right_t = tl.trans(tl.reshape(b_right3, [BT, BK * NB]))
     b_exponent = tl.where((o_t[:, None, None] >= o_b[None, None, :] * BC),
                           b_gamma[:, :, None] - tl.trans(b_refs)[None, :, :], float("-inf"))
-    b_left = tl.exp(b_exponent)                                               # [BT, BK, NB]
+    b_left = tl.exp2(b_exponent)                                               # [BT, BK, NB]
     b_acc_a = score_product(tl.reshape(b_q[:, :, None] * b_left, [BT, BK * NB]), b_right_t,
                              b_acc_a, BF16_SCORES, DOT_PRECISION)
     b_acc_l = score_product(tl.reshape(b_k[:, :, None] * b_left, [BT, BK * NB]), b_right_t,
                              b_acc_l, BF16_SCORES, DOT_PRECISION)
     return b_acc_a, b_acc_l
+
+
+@triton.jit
+def _inverse_norms(q_ptr, k_ptr, rows, m_t, i_h, stride_q, stride_k, scale, K: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr):
+    """scale / |q| and 1 / |k| per row [BT] (§9 #3: eps 1e-6 inside the root)."""
+    b_sum_q = tl.zeros([BT], dtype=tl.float32)
+    b_sum_k = tl.zeros([BT], dtype=tl.float32)
+    for k_start in range(0, K, BK):
+        o_k = k_start + tl.arange(0, BK)
+        m_tk = m_t[:, None] & (o_k < K)[None, :]
+        b_q = tl.load(q_ptr + i_h * K + rows * stride_q + o_k[None, :], mask=m_tk,
+                      other=0.0).to(tl.float32)
+        b_k = tl.load(k_ptr + i_h * K + rows * stride_k + o_k[None, :], mask=m_tk,
+                      other=0.0).to(tl.float32)
+        b_sum_q += tl.sum(b_q * b_q, axis=1)
+        b_sum_k += tl.sum(b_k * b_k, axis=1)
+    return tl.rsqrt(b_sum_q + L2_NORM_EPS) * scale, tl.rsqrt(b_sum_k + L2_NORM_EPS)
+
+
+@triton.jit
+def _store_gated_rows(qg_ptr, kd_ptr, kb_ptr, decay_ptr, base, b_q, b_k, b_gamma, b_norm_q,
+                      b_norm_k, b_beta, o_t, o_k, K: tl.constexpr, BT: tl.constexpr,
+                      BC: tl.constexpr):
+    """One channel slice of qg = q̂ ⊙ exp(Γ), kd = k̂ ⊙ exp(Γ_last - Γ), kb = β k̂ ⊙ exp(Γ)
+    (w = P kb, formed in stage 2) and decay = exp(Γ_last), as kda_prefill_gated.py writes
+    them. Rows past the chunk's end load g = 0, so Γ_last is the last row's Γ: the last
+    block's reference, the same expression as _add_slice_by_blocks' (one reduction after CSE)."""
+    m_k = o_k < K
+    b_growth = tl.exp2(b_gamma)
+    b_gamma_last = _block_reference(b_gamma, o_t, BT // BC - 1, BC)
+    b_k_hat = b_k * b_norm_k[:, None]
+    p_out = (base * BT + o_t)[:, None] * K + o_k[None, :]
+    out_dtype = qg_ptr.dtype.element_ty
+    tl.store(qg_ptr + p_out, (b_q * b_norm_q[:, None] * b_growth).to(out_dtype),
+             mask=m_k[None, :])
+    tl.store(kd_ptr + p_out, (b_k_hat * tl.exp2(b_gamma_last[None, :] - b_gamma)).to(out_dtype),
+             mask=m_k[None, :])
+    tl.store(kb_ptr + p_out, (b_k_hat * b_beta[:, None] * b_growth).to(out_dtype),
+             mask=m_k[None, :])
+    tl.store(decay_ptr + base * K + o_k, tl.exp2(b_gamma_last), mask=m_k)
 
 
 @triton.jit
@@ -120,12 +172,14 @@ def kda_prefill_scores_wide_kernel(
     # pointers: outputs, aqk and inverse [C, H, BT, BT], the norms [C, H, BT]; fp32 scratch
     # for L [C, H, BT, BT] (the inverse buffer itself when that is fp32)
     aqk_ptr, inverse_ptr, inv_norm_q_ptr, inv_norm_k_ptr, l_ptr,
+    # GATED_ROWS only: the gated rows qg, kd, kb [C, H, BT, K] and decay [C, H, K]
+    qg_ptr, kd_ptr, kb_ptr, decay_ptr,
     # strides (elements between consecutive tokens) and the q scale
     stride_q, stride_k, scale,
     # meta-parameters
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr, BF16_SCORES: tl.constexpr,
-    JOINED: tl.constexpr,
+    JOINED: tl.constexpr, GATED_ROWS: tl.constexpr,
 ):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     t0 = tl.load(chunk_start_ptr + i_c).to(tl.int64)
@@ -138,6 +192,12 @@ def kda_prefill_scores_wide_kernel(
     b_acc_l = tl.zeros([BT, BT], dtype=tl.float32)
     b_sum_q = tl.zeros([BT], dtype=tl.float32)
     b_sum_k = tl.zeros([BT], dtype=tl.float32)
+    if GATED_ROWS:
+        # The gated rows are stored slice by slice, normalised: the norms first (a pass over
+        # q and k that the main loop's loads then find in the cache).
+        b_norm_q, b_norm_k = _inverse_norms(q_ptr, k_ptr, rows, m_t, i_h, stride_q, stride_k,
+                                            scale, K, BT, BK)
+        b_beta = tl.load(beta_ptr + (t0 + o_t) * H + i_h, mask=m_t, other=0.0)
     for k_start in range(0, K, BK):
         o_k = k_start + tl.arange(0, BK)
         m_tk = m_t[:, None] & (o_k < K)[None, :]
@@ -147,9 +207,13 @@ def kda_prefill_scores_wide_kernel(
         b_k = tl.load(k_ptr + i_h * K + rows * stride_k + o_k[None, :], mask=m_tk,
                       other=0.0).to(tl.float32)
         b_g = tl.load(g_ptr + i_h * K + rows * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
-        b_gamma = tl.cumsum(b_g, axis=0)
-        b_sum_q += tl.sum(b_q * b_q, axis=1)
-        b_sum_k += tl.sum(b_k * b_k, axis=1)
+        b_gamma = tl.cumsum(b_g * LOG2_E, axis=0)                      # Γ₂, base 2
+        if GATED_ROWS:
+            _store_gated_rows(qg_ptr, kd_ptr, kb_ptr, decay_ptr, base, b_q, b_k, b_gamma,
+                              b_norm_q, b_norm_k, b_beta, o_t, o_k, K, BT, BC)
+        else:
+            b_sum_q += tl.sum(b_q * b_q, axis=1)
+            b_sum_k += tl.sum(b_k * b_k, axis=1)
         if JOINED:
             b_acc_a, b_acc_l = _add_slice_joined(b_acc_a, b_acc_l, b_q, b_k, b_gamma, o_t, BT,
                                                   BC, BK, BF16_SCORES, DOT_PRECISION)
@@ -158,11 +222,12 @@ def kda_prefill_scores_wide_kernel(
                                                     BC, BF16_SCORES, DOT_PRECISION)
     # Norms (§9 #3: eps 1e-6 inside the root): A = diag(scale/|q|) A_raw diag(1/|k|),
     # L = diag(β/|k|) L_raw diag(1/|k|); rows past the chunk's end have β = 0.
-    b_norm_q = tl.rsqrt(b_sum_q + L2_NORM_EPS) * scale
-    b_norm_k = tl.rsqrt(b_sum_k + L2_NORM_EPS)
+    if not GATED_ROWS:
+        b_norm_q = tl.rsqrt(b_sum_q + L2_NORM_EPS) * scale
+        b_norm_k = tl.rsqrt(b_sum_k + L2_NORM_EPS)
+        b_beta = tl.load(beta_ptr + (t0 + o_t) * H + i_h, mask=m_t, other=0.0)
     tl.store(inv_norm_q_ptr + base * BT + o_t, b_norm_q)
     tl.store(inv_norm_k_ptr + base * BT + o_t, b_norm_k)
-    b_beta = tl.load(beta_ptr + (t0 + o_t) * H + i_h, mask=m_t, other=0.0)
     p_square = (base * BT + o_t)[:, None] * BT + o_t[None, :]
     b_a = b_acc_a * b_norm_q[:, None] * b_norm_k[None, :]
     tl.store(aqk_ptr + p_square,
@@ -182,6 +247,7 @@ def kda_prefill_scores_wide(
     scale: float,
     tuning: KdaPrefillTuning,
     scores_dtype: torch.dtype = torch.float32,
+    gated_rows: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Stage 1a over C chunks, the contract of ``kda_prefill_scores.kda_prefill_scores``:
     q, k [T, H, K] (token stride free, head and channel dense); g fp32 [T, H, K]; beta fp32
@@ -190,7 +256,9 @@ def kda_prefill_scores_wide(
     From ``tuning``: scores_block_k, scores_num_warps, scores_tf32_solve, scores_bf16 (as
     for the column blocks); scores_joined (each slice's four blocks as one product of
     contraction 4 x block_k: fewer, larger products and barriers); scores_max_registers (a
-    cap per thread on CUDA, maxnreg; ignored elsewhere)."""
+    cap per thread on CUDA, maxnreg; ignored elsewhere). ``gated_rows``: buffers {"qg", "kd",
+    "kb": [C, H, BT, K], "decay": fp32 [C, H, K]} that the same program fills with the gated
+    rows (``KdaPrefillTuning.fold_w_u``: stage 1b's products then happen in stage 2)."""
     num_chunks, num_heads, head_dim = chunk_start.shape[0], q.shape[1], q.shape[2]
     out = empty_scores(q, num_chunks, scores_dtype)
     if num_chunks == 0:
@@ -207,12 +275,14 @@ def kda_prefill_scores_wide(
     kernel[(num_chunks, num_heads)](
         q, k, g, beta, chunk_start, chunk_len,
         out["aqk"], out["inverse"], out["inv_norm_q"], out["inv_norm_k"], l_scratch,
+        *(gated_rows[name] if gated_rows else l_scratch for name in ("qg", "kd", "kb", "decay")),
         q.stride(0), k.stride(0), scale,
         H=num_heads, K=head_dim, BT=CHUNK_SIZE, BC=SUB_CHUNK_SIZE,
         BK=min(tuning.scores_block_k, triton.next_power_of_2(head_dim)),
         DOT_PRECISION=precision,
         SOLVE_PRECISION=precision if tuning.scores_tf32_solve else "ieee",
         BF16_SCORES=tuning.scores_bf16 and is_16bit and not on_interpreter,
-        JOINED=tuning.scores_joined, num_warps=tuning.scores_num_warps, **register_cap,
+        JOINED=tuning.scores_joined, GATED_ROWS=gated_rows is not None,
+        num_warps=tuning.scores_num_warps, **register_cap,
     )
     return out

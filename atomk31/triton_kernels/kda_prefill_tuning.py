@@ -31,3 +31,5 @@ class KdaPrefillTuning:
     bf16_products: bool = True          # stages 2-3 and 1b, BF16 intermediates only
     output_block_v: int | None = None   # stage 3: value channels per program
     plan_on_device: bool = False        # chunk table on the GPU, no host sync (no snapshots)
+    fold_w_u: bool = False              # wide stage 1a writes the gated rows; no stage 1b:
+    #                                     stage 2 forms V' = P (β v - kb S) itself

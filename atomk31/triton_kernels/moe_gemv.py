@@ -34,7 +34,11 @@ chosen by the launcher:
   op (moe_mxfp4_decode.e2m1_word_pairs; inline PTX with BF16x2 multiplies on NVIDIA) straight
   into the tensor-core registers: each lane decodes whole words, so the K order inside a tile
   is the "word order" of moe_gemv_tiles.words_order. The launcher permutes z into it and the
-  gate/up kernel stores h in it; ~2.6 ops per weight instead of ~10.
+  gate/up kernel stores h in it; ~2.6 ops per weight instead of ~10. BF16 activations take
+  one multiply per weight pair instead of two when the weights promise it is exact
+  (``one_factor_exact``: every E8M0 byte 0 or 59..192, ops/moe.py; ``pick_word_decode``):
+  the default wherever the flag holds (session 5), measured 60 / 64 / 65% of copy bandwidth
+  at 1 / 4 / 16 tokens against 56 / 61 / 59% with two (session 4).
 * "dot_scaled": tl.dot_scaled on the packed bytes (BF16 activations, GPU only).
 
 E2M1 codes are decoded through FP16 bits (moe_mxfp4_decode.py) or, in "fma_f32" / "fma_words",
@@ -95,13 +99,28 @@ def default_gather_rows(num_tokens: int, mode: str) -> bool:
     return mode == "dot_t_words" and num_tokens > 16
 
 
+def pick_word_decode(mode: str, dtype: torch.dtype, backend: str | None,
+                     one_factor_exact: bool) -> str:
+    """The weight decode of "dot_t_words" (moe_gemv_tiles._words_tile_weights): inline PTX
+    with BF16x2 multiplies for BF16 activations on NVIDIA, plain Triton elsewhere; the
+    one-multiply form ("*_one_factor") for BF16 activations when the weights promise it is
+    exact (one_factor_exact, ops/moe.py), the two-multiply form otherwise. fp32 activations
+    always take the exact fp32 decode "triton". H200, session 4, final benchmarks (graph,
+    one run): 1 / 4 / 16 tokens 0.110 / 0.296 / 0.402 ms with one multiply against 0.119 /
+    0.313 / 0.440 ms with two (60 / 64 / 65% against 56 / 61 / 59% of copy bandwidth)."""
+    if mode != "dot_t_words" or dtype != torch.bfloat16:
+        return "triton"
+    decode = "ptx" if backend == "cuda" else "triton"
+    return decode + "_one_factor" if one_factor_exact else decode
+
+
 def default_stages_and_registers(mode: str, gather_rows: bool, word_decode: str,
                                  num_stages: int | None,
                                  max_registers: int | None) -> tuple[int, int | None]:
     """(num_stages, max_registers) unless given: 2 stages and a 128-register cap (4 programs
     per SM instead of 2: 50 KB of shared memory, no spills) for the measured gathered-rows
     configuration (BF16 "dot_t_words", NVIDIA); else 3 stages, no cap."""
-    measured = mode == "dot_t_words" and gather_rows and word_decode == "ptx"
+    measured = mode == "dot_t_words" and gather_rows and word_decode.startswith("ptx")
     if num_stages is None:
         num_stages = 2 if measured else 3
     if max_registers is None and measured:
@@ -141,7 +160,7 @@ def moe_experts_mxfp4_gemv_triton(
     num_warps: int = 4,
     num_stages: int | None = None,
     loop_stages: int = 0,
-    one_factor: bool = False,
+    one_factor_exact: bool = False,
     gather_rows: bool | None = None,
     block_m: int | None = None,
     max_registers: int | None = None,
@@ -152,9 +171,9 @@ def moe_experts_mxfp4_gemv_triton(
     block_n / block_k (None: default_blocks) / num_warps / num_stages (None:
     default_stages_and_registers) are tuning knobs for benchmarks (block_k a power of two
     >= 32 dividing Dl and F); loop_stages > 0 pipelines the
-    K loop's loads explicitly (tl.range num_stages), 0 leaves it to Triton. one_factor (mode
-    "dot_t_words", NVIDIA, BF16; a benchmark knob): one BF16 multiply per weight pair instead
-    of two, exact only for E8M0 scale bytes 59..192 (moe_mxfp4_decode.ONE_FACTOR_SHIFT).
+    K loop's loads explicitly (tl.range num_stages), 0 leaves it to Triton. one_factor_exact:
+    the weights' promise that every scale byte is 0 or in 59..192 (ops/moe.py): BF16
+    "dot_t_words" then decodes with one multiply per weight pair (pick_word_decode).
     gather_rows: a program's rows are its expert's own tokens, block_m at a time (None:
     default_gather_rows), instead of all T tokens; block_m (gathered rows only; None:
     default_gather_block_m) a power of two >= 16 for the "dot" modes. max_registers (NVIDIA;
@@ -219,11 +238,7 @@ def moe_experts_mxfp4_gemv_triton(
     # are written). Gathered rows: the T * k pairs in expert order.
     hidden_rows = num_slots if gather_rows else num_experts * block_m
     hidden = torch.empty((hidden_rows, intermediate_size), dtype=z.dtype, device=z.device)
-    # "dot_t_words": the word decode in inline PTX on NVIDIA for BF16 products; plain Triton
-    # on other backends, under the interpreter and for fp32 (exact fp32 decode).
-    word_decode = "triton"
-    if mode == "dot_t_words" and z.dtype == torch.bfloat16 and backend == "cuda":
-        word_decode = "ptx_one_factor" if one_factor else "ptx"
+    word_decode = pick_word_decode(mode, z.dtype, backend, one_factor_exact)
     num_stages, max_registers = default_stages_and_registers(mode, gather_rows, word_decode,
                                                              num_stages, max_registers)
     # fp32 activations: exact fp32 products (no TF32) on the GPU as on the interpreter.
@@ -231,7 +246,9 @@ def moe_experts_mxfp4_gemv_triton(
                 BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_TOP_K=triton.next_power_of_2(top_k),
                 PACKED_INPUTS=packed_inputs, MODE=mode,
                 DOT_FP32=on_interpreter or z.dtype == torch.float32,
-                BY_SLOT=by_slot, BLOCK_SLOTS=triton.next_power_of_2(num_slots),
+                # Only programs per slot read the slots: 1 otherwise, so that batch sizes
+                # share their compiles.
+                BY_SLOT=by_slot, BLOCK_SLOTS=triton.next_power_of_2(num_slots) if by_slot else 1,
                 LOOP_STAGES=loop_stages, num_warps=num_warps, num_stages=num_stages,
                 WORD_DECODE=word_decode, GATHER=gather_rows,
                 BLOCK_T=triton.next_power_of_2(num_tokens) if gather_rows else 1,

@@ -16,10 +16,7 @@ import triton
 import triton.language as tl
 
 from atomk31.triton_kernels.moe_gemv_tiles import (load_activations, tile_accumulator,
-                                                   tile_product, words_order)
-from atomk31.triton_kernels.moe_mxfp4_decode import ONE_FACTOR_SHIFT
-
-ONE_FACTOR_UNDO = tl.constexpr(2.0 ** ONE_FACTOR_SHIFT.value)
+                                                   tile_product, undo_one_factor, words_order)
 
 
 @triton.jit
@@ -97,7 +94,7 @@ def _gate_up_step(b_gate, b_up, p_rows, m_m, p_gate_packed, p_gate_scales, p_up_
 
 
 @triton.jit
-def _gate_up_rows(z_ptr, stride_z, tokens, m_m, h_row0, i_e, i_n, packed_ptr, scales_ptr,
+def gate_up_rows(z_ptr, stride_z, tokens, m_m, h_row0, i_e, i_n, packed_ptr, scales_ptr,
                   h_ptr, beta, linear_beta, F: tl.constexpr, DL: tl.constexpr,
                   HAS_LINEAR_CAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, PACKED_INPUTS: tl.constexpr, MODE: tl.constexpr,
@@ -131,9 +128,8 @@ def _gate_up_rows(z_ptr, stride_z, tokens, m_m, h_row0, i_e, i_n, packed_ptr, sc
     if MODE == "dot_t" or MODE == "dot_t_words":
         b_gate = tl.trans(b_gate)
         b_up = tl.trans(b_up)
-    if WORD_DECODE == "ptx_one_factor":                   # the weights came times 2^-64
-        b_gate = b_gate * ONE_FACTOR_UNDO
-        b_up = b_up * ONE_FACTOR_UNDO
+    b_gate = undo_one_factor(b_gate, WORD_DECODE)
+    b_up = undo_one_factor(b_up, WORD_DECODE)
     # SiTU-GLU (§4.8): SiLU with the gate soft-capped at ±beta, up capped at ±linear_beta.
     b_h = beta * _tanh(b_gate / beta) * tl.sigmoid(b_gate)
     if HAS_LINEAR_CAP:
@@ -179,7 +175,7 @@ def moe_gate_up_gemv_kernel(
             return
         # Rows past the expert's count are masked; a mask from the count, not from the
         # comparison, keeps fewer values live through the K loop.
-        _gate_up_rows(z_ptr, stride_z, tokens, tl.arange(0, BLOCK_M) < count - m0,
+        gate_up_rows(z_ptr, stride_z, tokens, tl.arange(0, BLOCK_M) < count - m0,
                       (h_row0 + m0).to(tl.int64), i_e, i_n, packed_ptr, scales_ptr, h_ptr, beta,
                       linear_beta, F, DL, HAS_LINEAR_CAP, BLOCK_M, BLOCK_N, BLOCK_K,
                       PACKED_INPUTS, MODE, DOT_FP32, LOOP_STAGES, WORD_DECODE)
@@ -188,14 +184,14 @@ def moe_gate_up_gemv_kernel(
                                 BLOCK_TOP_K)
         if (tl.max(m_m.to(tl.int32), axis=0) == 0) | (owner == 0):
             return
-        _gate_up_rows(z_ptr, stride_z, tl.arange(0, BLOCK_M), m_m, i_e.to(tl.int64) * BLOCK_M,
+        gate_up_rows(z_ptr, stride_z, tl.arange(0, BLOCK_M), m_m, i_e.to(tl.int64) * BLOCK_M,
                       i_e, i_n, packed_ptr, scales_ptr, h_ptr, beta, linear_beta, F, DL,
                       HAS_LINEAR_CAP, BLOCK_M, BLOCK_N, BLOCK_K, PACKED_INPUTS, MODE, DOT_FP32,
                       LOOP_STAGES, WORD_DECODE)
 
 
 @triton.jit
-def _down_product(h_ptr, h_row0, m_m, i_e, i_n, packed_ptr, scales_ptr, F: tl.constexpr,
+def down_product(h_ptr, h_row0, m_m, i_e, i_n, packed_ptr, scales_ptr, F: tl.constexpr,
                   DL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, PACKED_INPUTS: tl.constexpr, MODE: tl.constexpr,
                   DOT_FP32: tl.constexpr, LOOP_STAGES: tl.constexpr, WORD_DECODE: tl.constexpr):
@@ -223,13 +219,12 @@ def _down_product(h_ptr, h_row0, m_m, i_e, i_n, packed_ptr, scales_ptr, F: tl.co
                                  BLOCK_K, MODE, DOT_FP32, WORD_DECODE)
     if MODE == "dot_t" or MODE == "dot_t_words":
         b_acc = tl.trans(b_acc)
-    if WORD_DECODE == "ptx_one_factor":
-        b_acc = b_acc * ONE_FACTOR_UNDO
+    b_acc = undo_one_factor(b_acc, WORD_DECODE)
     return b_acc
 
 
 @triton.jit
-def _add_rows(u_ptr, tokens, m_m, b_weight, b_acc, i_n, DL: tl.constexpr,
+def add_rows(u_ptr, tokens, m_m, b_weight, b_acc, i_n, DL: tl.constexpr,
               BLOCK_N: tl.constexpr):
     """u[tokens] += b_weight * b_acc over the output columns of program i_n (fp32 atomics:
     the k experts of a token add up)."""
@@ -264,7 +259,7 @@ def moe_down_gemv_kernel(
             ids_ptr, weights_ptr, i_e, num_tokens, m0, TOP_K, BLOCK_T, BLOCK_M, BLOCK_TOP_K)
         if (count <= m0) | (owner == 0):
             return
-        b_acc = _down_product(h_ptr, (h_row0 + m0).to(tl.int64),
+        b_acc = down_product(h_ptr, (h_row0 + m0).to(tl.int64),
                               tl.arange(0, BLOCK_M) < count - m0, i_e, i_n, packed_ptr,
                               scales_ptr, F, DL, BLOCK_M, BLOCK_N, BLOCK_K, PACKED_INPUTS, MODE,
                               DOT_FP32, LOOP_STAGES, WORD_DECODE)
@@ -272,13 +267,13 @@ def moe_down_gemv_kernel(
         # through it.
         tokens, m_m, b_weight, _count, _first = _gathered_rows(
             ids_ptr, weights_ptr, i_e, num_tokens, m0, TOP_K, BLOCK_T, BLOCK_M, BLOCK_TOP_K)
-        _add_rows(u_ptr, tokens, m_m, b_weight, b_acc, i_n, DL, BLOCK_N)
+        add_rows(u_ptr, tokens, m_m, b_weight, b_acc, i_n, DL, BLOCK_N)
     else:
         m_m, b_weight = _expert_tokens(ids_ptr, weights_ptr, i_e, num_tokens, TOP_K, BLOCK_M,
                                        BLOCK_TOP_K)
         if (tl.max(m_m.to(tl.int32), axis=0) == 0) | (owner == 0):
             return
-        b_acc = _down_product(h_ptr, i_e.to(tl.int64) * BLOCK_M, m_m, i_e, i_n, packed_ptr,
+        b_acc = down_product(h_ptr, i_e.to(tl.int64) * BLOCK_M, m_m, i_e, i_n, packed_ptr,
                               scales_ptr, F, DL, BLOCK_M, BLOCK_N, BLOCK_K, PACKED_INPUTS, MODE,
                               DOT_FP32, LOOP_STAGES, WORD_DECODE)
-        _add_rows(u_ptr, tl.arange(0, BLOCK_M), m_m, b_weight, b_acc, i_n, DL, BLOCK_N)
+        add_rows(u_ptr, tl.arange(0, BLOCK_M), m_m, b_weight, b_acc, i_n, DL, BLOCK_N)

@@ -11,8 +11,9 @@ and multiplied by the activation rows, in each ``MODE``.
 import triton
 import triton.language as tl
 
-from atomk31.triton_kernels.moe_mxfp4_decode import (e2m1_times_2_pow_minus_14, e2m1_word_pairs,
-                                                     e2m1_word_pairs_scaled_ptx, e8m0_factor)
+from atomk31.triton_kernels.moe_mxfp4_decode import (ONE_FACTOR_SHIFT, e2m1_times_2_pow_minus_14,
+                                                     e2m1_word_pairs, e2m1_word_pairs_scaled_ptx,
+                                                     e8m0_factor)
 
 # "fma_words" decodes E2M1 as fp32 E2M1 * 2^-126 and multiplies it by activations times
 # 2^ACTIVATION_SHIFT (see _word_tile_product): products stay normal unless |a * w| < 2^-62,
@@ -21,6 +22,10 @@ ACTIVATION_SHIFT = 64
 ACTIVATION_SCALE = tl.constexpr(2.0 ** ACTIVATION_SHIFT)
 WORD_PRODUCT_SCALE = tl.constexpr(2.0 ** (126 - ACTIVATION_SHIFT - 14))
 TWO_POW_126 = tl.constexpr(2.0 ** 126)
+ONE_FACTOR_UNDO = tl.constexpr(2.0 ** ONE_FACTOR_SHIFT.value)
+# The one-multiply decodes' factor byte: 2^(s - 1 - ONE_FACTOR_SHIFT) has exponent field
+# s + 126 - ONE_FACTOR_SHIFT (fp32 and BF16 share the bias).
+ONE_FACTOR_BYTE_OFFSET = tl.constexpr(126 - ONE_FACTOR_SHIFT.value)
 
 
 @triton.jit
@@ -156,13 +161,34 @@ def _scaled_word_pair(b_pairs, b_scales):
 
 
 @triton.jit
+def _one_factor_word_pair(b_pairs, b_scales):
+    """Plain-Triton one-multiply decode ("triton_one_factor"): unscaled pairs (E2M1 * 2^-126)
+    times 2^(s - 1 - ONE_FACTOR_SHIFT) in fp32, as fp32 (low, high): the weights times
+    2^-ONE_FACTOR_SHIFT, the same values as the PTX one-factor decode wherever the scale bytes
+    allow it (ops/moe.py: 0 and 59..192), where they are BF16s."""
+    b_low, b_high = _bf16x2_halves(b_pairs, True)
+    b_factor = ((b_scales + ONE_FACTOR_BYTE_OFFSET) << 23).to(tl.float32, bitcast=True)
+    return b_low * b_factor, b_high * b_factor
+
+
+@triton.jit
+def undo_one_factor(acc, WORD_DECODE: tl.constexpr):
+    """The fp32 accumulator of a one-multiply decode's products times 2^ONE_FACTOR_SHIFT (its
+    weights came times 2^-ONE_FACTOR_SHIFT); unchanged for the other decodes."""
+    if WORD_DECODE == "ptx_one_factor" or WORD_DECODE == "triton_one_factor":
+        acc = acc * ONE_FACTOR_UNDO
+    return acc
+
+
+@triton.jit
 def _words_tile_weights(p_words, p_scales, k0, STRIDE_WORDS: tl.constexpr,
                         STRIDE_SCALES: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, WORD_DECODE: tl.constexpr):
     """MODE "dot_t_words": W[rows, k0:k0+BLOCK_K] read as int32 words, decoded two weights per
     32-bit op, returned as [BLOCK_N, BLOCK_K] in the WORD ORDER of the inputs (words_order).
     WORD_DECODE: "triton" (plain ops, any backend; fp32 weights), "ptx" (NVIDIA; BF16 weights,
-    exact) or "ptx_one_factor" (BF16 weights times 2^-ONE_FACTOR_SHIFT, limited scale range).
+    exact), or the one-multiply decodes "ptx_one_factor" / "triton_one_factor" (weights times
+    2^-ONE_FACTOR_SHIFT, exact for the scale bytes of ops/moe.py's ONE_FACTOR_SCALE_BYTES).
 
     The tensor-core A fragment gives lane c (of 4) inputs 2c, 2c+1, 2c+8, 2c+9 of every 16.
     Word order puts word (c, q) of the tile (words c Q .. c Q + Q-1, Q = BLOCK_K / 32) on lane
@@ -181,13 +207,19 @@ def _words_tile_weights(p_words, p_scales, k0, STRIDE_WORDS: tl.constexpr,
     # Word w = 4 g + r of the tile is in group g: [N, G] -> [N, G, 4] -> [N, 4 (c), Q].
     b_scales = tl.reshape(tl.broadcast_to(b_scales[:, :, None], (BLOCK_N, GROUPS, 4)),
                           (BLOCK_N, 4, Q))
-    if WORD_DECODE != "triton":                            # "ptx" or "ptx_one_factor"
+    if WORD_DECODE == "ptx" or WORD_DECODE == "ptx_one_factor":
         b_p0, b_p1, b_p2, b_p3 = e2m1_word_pairs_scaled_ptx(b_words, b_scales,
                                                              WORD_DECODE == "ptx_one_factor")
         b_l0, b_h0 = _bf16x2_halves(b_p0, False)
         b_l1, b_h1 = _bf16x2_halves(b_p1, False)
         b_l2, b_h2 = _bf16x2_halves(b_p2, False)
         b_l3, b_h3 = _bf16x2_halves(b_p3, False)
+    elif WORD_DECODE == "triton_one_factor":
+        b_p0, b_p1, b_p2, b_p3 = e2m1_word_pairs(b_words)
+        b_l0, b_h0 = _one_factor_word_pair(b_p0, b_scales)
+        b_l1, b_h1 = _one_factor_word_pair(b_p1, b_scales)
+        b_l2, b_h2 = _one_factor_word_pair(b_p2, b_scales)
+        b_l3, b_h3 = _one_factor_word_pair(b_p3, b_scales)
     else:
         b_p0, b_p1, b_p2, b_p3 = e2m1_word_pairs(b_words)
         b_l0, b_h0 = _scaled_word_pair(b_p0, b_scales)

@@ -23,16 +23,22 @@ explicitly so every backend writes the same bytes) instead of z's dtype, and the
 either hands both MX operands to ``tl.dot_scaled(.., "e4m3", .., "e2m1")`` (use_dot_scaled)
 or dequantizes them (e4m3 x 2^k is exact in BF16; fp32 under the interpreter) for ``tl.dot``.
 Only the grouped GEMMs have it: the launcher routes it past the small-batch GEMVs.
+
+``words`` (session 5; the default for BF16 on NVIDIA at 128 pairs per block, ``default_words``):
+the same two GEMMs with the GEMVs' word decode, weights as the product's first operand
+(moe_grouped_words.py), with the weights' one_factor_exact: 4096 tokens 18.67 -> 13.64 ms.
 """
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime import driver
 
 from atomk31.triton_kernels.kv_write import round_to_e4m3
 from atomk31.triton_kernels.runtime import runs_on_interpreter
 
 from atomk31.triton_kernels.moe_gemv import moe_experts_mxfp4_gemv_triton
+from atomk31.triton_kernels.moe_grouped_words import moe_experts_mxfp4_grouped_words
 from atomk31.triton_kernels.moe_mxfp4_decode import e2m1_times_2_pow_minus_14, e8m0_factor
 from atomk31.triton_kernels.moe_routing import ExpertBlocks, sort_pairs_by_expert
 
@@ -235,6 +241,28 @@ def pick_block_m(num_pairs: int, num_experts: int) -> int:
     return 128
 
 
+def default_words(block_m: int, dtype: torch.dtype, backend: str | None,
+                  use_dot_scaled: bool, fp8_down_activations: bool) -> bool:
+    """The word-decode grouped GEMMs (moe_grouped_words.py) for BF16 activations on NVIDIA at
+    128 pairs per block. H200, session 5, round 1, 4096 tokens: 13.64 ms (41% of the BF16
+    rate) with 128 weight rows x 128 inputs on 8 warps against 18.67 ms for the byte decode.
+    Smaller blocks (up to ~128 tokens at top-16 of 64) were not measured: byte decode."""
+    return (block_m == 128 and dtype == torch.bfloat16 and backend == "cuda"
+            and not use_dot_scaled and not fp8_down_activations)
+
+
+def default_tiles(block_m: int, words: bool) -> tuple[int, int, int]:
+    """(block_n, block_k, num_warps): weight rows x inputs per program. Byte decode: 128 x 64
+    at 128 pairs (H200, 2026-11-29: 28.4 ms vs 32.1 ms at 4096 tokens), else 64 x 128; 8
+    warps past 32 pairs. Words: 128 x 128 on 8 warps (two warpgroups of 64 rows) at 128 pairs
+    (session 5, 4096 tokens: 13.64 ms vs 15.92 for 64 rows on 4 warps, 2 stages), else
+    64 x 128 on 4 (one warpgroup's 64 rows)."""
+    if words:
+        return (128, 128, 8) if block_m == 128 else (64, 128, 4)
+    num_warps = 4 if block_m <= 32 else 8
+    return (128, 64, num_warps) if block_m == 128 else (64, 128, num_warps)
+
+
 def moe_experts_mxfp4_triton(
     z: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -253,6 +281,8 @@ def moe_experts_mxfp4_triton(
     num_stages: int = 3,
     use_dot_scaled: bool = False,
     fp8_down_activations: bool = False,
+    one_factor_exact: bool = False,
+    words: bool | None = None,
 ) -> torch.Tensor:
     """z: [T, Dl]; topk_weights fp32 / topk_ids int32 [T, k]; w13 [E, 2F, Dl/2] + [E, 2F,
     Dl/32]; w2 [E, Dl, F/2] + [E, Dl, F/32] (uint8) -> u fp32 [T, Dl].
@@ -260,7 +290,11 @@ def moe_experts_mxfp4_triton(
     small_batch: the GEMVs of moe_gemv.py (None: up to SMALL_BATCH_MAX_TOKENS tokens).
     block_* / num_warps / num_stages / use_dot_scaled are tuning knobs of the grouped GEMMs for
     benchmarks. fp8_down_activations: h in MXFP8 for the down GEMM (the contract's option;
-    grouped GEMMs only, so it is routed past the GEMVs)."""
+    grouped GEMMs only, so it is routed past the GEMVs). one_factor_exact: the weights'
+    promise (ops/moe.py) that lets BF16 word decodes multiply once per weight pair. words
+    (None: default_words; no dot_scaled / fp8 down): the grouped GEMMs of
+    moe_grouped_words.py, the weights decoded 8 nibbles per word into the product's first
+    operand."""
     num_experts, two_f, half_latent = w13_packed.shape
     latent_size, intermediate_size = 2 * half_latent, two_f // 2
     _check(z, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed, w2_scales,
@@ -274,27 +308,41 @@ def moe_experts_mxfp4_triton(
                          "only; pass small_batch=False or None")
     if small_batch:
         return moe_experts_mxfp4_gemv_triton(z, topk_weights, topk_ids, w13_packed, w13_scales,
-                                             w2_packed, w2_scales, beta, linear_beta)
+                                             w2_packed, w2_scales, beta, linear_beta,
+                                             one_factor_exact=one_factor_exact)
+    if words and (use_dot_scaled or fp8_down_activations):
+        raise ValueError("moe_experts_mxfp4: words (the word-decode grouped GEMMs) takes "
+                         "neither use_dot_scaled nor fp8_down_activations")
     num_pairs = num_tokens * top_k
     u = torch.zeros((num_tokens, latent_size), dtype=torch.float32, device=z.device)
     if num_pairs == 0:
         return u
     if block_m is None:
         block_m = pick_block_m(num_pairs, num_experts)
-    if num_warps is None:
-        num_warps = 4 if block_m <= 32 else 8
-    # Large batches: 128 x 128 tiles (H200, 2026-11-29: 28.4 ms vs 32.1 ms at 4096 tokens).
-    if block_n is None:
-        block_n = 128 if block_m == 128 else 64
-    if block_k is None:
-        block_k = 64 if block_m == 128 else 128
     on_interpreter = runs_on_interpreter(moe_gate_up_kernel)
     if use_dot_scaled and on_interpreter:
         raise ValueError("moe_experts_mxfp4: use_dot_scaled does not run under the Triton "
                          "interpreter; leave it False on the CPU")
+    # The backend picks the word decode; the byte-decode paths never ask (nor does a test
+    # that pretends to be compiled for dot_scaled under the interpreter).
+    backend = None
+    if not (on_interpreter or words is False or use_dot_scaled or fp8_down_activations):
+        backend = driver.active.get_current_target().backend
+    if words is None:
+        words = default_words(block_m, z.dtype, backend, use_dot_scaled, fp8_down_activations)
+    default_n, default_k, default_warps = default_tiles(block_m, words)
+    block_n = default_n if block_n is None else block_n
+    block_k = default_k if block_k is None else block_k
+    num_warps = default_warps if num_warps is None else num_warps
     blocks: ExpertBlocks = sort_pairs_by_expert(topk_ids, num_experts, block_m)
     if z.stride(1) != 1:
         z = z.contiguous()
+    if words:
+        return moe_experts_mxfp4_grouped_words(
+            z, topk_weights, blocks, w13_packed, w13_scales, w2_packed, w2_scales, beta,
+            linear_beta, u, block_m=block_m, block_n=block_n, block_k=block_k,
+            num_warps=num_warps, num_stages=num_stages, backend=backend,
+            on_interpreter=on_interpreter, one_factor_exact=one_factor_exact)
     num_rows = blocks.num_blocks_max * block_m
     hidden = torch.empty((num_rows, intermediate_size), device=z.device,
                          dtype=torch.float8_e4m3fn if fp8_down_activations else z.dtype)

@@ -90,7 +90,9 @@ E2M1_WORD_PAIRS_PTX = tl.constexpr(
 # The same with ONE multiply per pair, by 2^(s - 1 - ONE_FACTOR_SHIFT) (the 2^126 folded in):
 # the weights come out times 2^-ONE_FACTOR_SHIFT, undone on the fp32 accumulator. Exact only
 # for E8M0 bytes in 59..192 (weights' group scales 2^-68 .. 2^65): the factor must be a BF16
-# (s <= 192) and the smallest weight 0.5 * 2^(s-127-64) no smaller than BF16's 2^-133.
+# (s <= 192) and the smallest weight 0.5 * 2^(s-127-64) no smaller than BF16's 2^-133; byte 0
+# gives 0 as the two-multiply decode does. Callers take it only when the weights promise it
+# (ops/moe.py: ONE_FACTOR_SCALE_BYTES, mxfp4_scales_allow_one_factor, one_factor_exact).
 ONE_FACTOR_SHIFT = tl.constexpr(64)
 E2M1_WORD_PAIRS_ONE_FACTOR_PTX = tl.constexpr(
     "{\n.reg .b32 w, t0, t1, t2, t3;" + _WORD_PAIRS_DECODE + _TIMES_FACTOR + "}\n")

@@ -18,6 +18,13 @@ Under the interpreter the FP8 operands are widened to fp32 before the product.
 Configs with ``tma=True`` run the TMA kernel instead (ptpc_fp8_tma.py, for Hopper: paired K
 tiles or warp specialization, to overlap the promotion with the tensor cores); the tile choice
 lives in ptpc_fp8_config.py.
+
+Configs with ``kernel="gluon_hopper"`` run the Gluon kernel of gluon_kernels/ptpc_fp8_hopper.py
+(sm_90 only: a TMA producer warp and one consumer warpgroup per 64 rows that promotes each
+wgmma partial while the next one runs, the schedule Triton 3.6 cannot express). Gluon ships
+inside the triton wheel, so it stays this (the ``triton``) backend's implementation (a decision:
+no new backend name for one kernel); it does not run under the interpreter, and AMD keeps the
+Triton kernels (wgmma, TMA and setmaxnreg are Hopper instructions).
 """
 
 import dataclasses
@@ -144,6 +151,39 @@ def min_normal_exponent(fp8_dtype: torch.dtype) -> int:
     raise ValueError(f"expected torch.float8_e4m3fn or torch.float8_e4m3fnuz, got {fp8_dtype}")
 
 
+KERNELS = ("triton", "gluon_hopper")
+GLUON_HOPPER_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def gluon_hopper_fits(a: torch.Tensor, w_q: torch.Tensor, out_dtype: torch.dtype) -> bool:
+    """Whether the Gluon Hopper kernel takes these operands: e4m3fn, TMA-aligned rows of a, w_q
+    and of a fresh [M, N] output (N * its element size a multiple of 16 bytes)."""
+    n = w_q.shape[0]
+    return a.dtype == w_q.dtype == torch.float8_e4m3fn and can_use_tma(a, w_q) and \
+        out_dtype in GLUON_HOPPER_OUT_DTYPES and \
+        (n * torch.empty((), dtype=out_dtype).element_size()) % 16 == 0
+
+
+def launch_ptpc_gemm_gluon_hopper(a: torch.Tensor, w_q: torch.Tensor, a_scale: torch.Tensor,
+                                  w_scale: torch.Tensor, c: torch.Tensor, config: GemmConfig,
+                                  on_interpreter: bool) -> None:
+    """c <- the scaled GEMM through gluon_kernels/ptpc_fp8_hopper.py (config.kernel
+    "gluon_hopper"): block_m, block_n (its TILES), num_stages, group_m, persistent and
+    overlap_epilogue apply."""
+    if on_interpreter:
+        raise ValueError("ptpc_linear: the Gluon Hopper kernel does not run under Triton's "
+                         "interpreter (it needs an sm_90 GPU), got kernel='gluon_hopper'")
+    if config.split_k != 1 or config.block_k != 128:
+        raise ValueError(f"ptpc_linear: the Gluon Hopper kernel takes 128 K per tile and no "
+                         f"split K, got block_k {config.block_k} with split_k {config.split_k}")
+    from gluon_kernels.ptpc_fp8_hopper import ptpc_gemm_hopper     # imports Gluon: on use
+
+    ptpc_gemm_hopper(a, w_q, a_scale, w_scale, c, block_m=config.block_m,
+                     block_n=config.block_n, num_stages=config.num_stages,
+                     group_m=config.group_m, persistent=config.persistent,
+                     overlap_epilogue=config.overlap_epilogue)
+
+
 # Programs of a persistent TMA config under the interpreter (on a GPU: one per SM): a few, so
 # that each walks several tiles.
 INTERPRETER_PERSISTENT_PROGRAMS = 3
@@ -204,16 +244,23 @@ def ptpc_linear_quantized_triton(
         w_q = w_q.contiguous()
     if config is None:
         config = pick_config(m, n, k)
-        if config.tma and not can_use_tma(a, w_q):   # unaligned rows: the pointer kernel
+        if (config.tma and not can_use_tma(a, w_q)) or (config.kernel == "gluon_hopper" and
+                                                        not gluon_hopper_fits(a, w_q, out_dtype)):
+            # unaligned rows (or e4m3fnuz for Gluon): the pointer kernel
             config = pick_config_for_target(m, n, k, dataclasses.replace(current_target(),
                                                                          has_tma_ws=False))
+    if config.kernel not in KERNELS:
+        raise ValueError(f"ptpc_linear: config.kernel must be one of {KERNELS}, got "
+                         f"{config.kernel!r}")
     split = config.split_k > 1
     c = torch.zeros((m, n), dtype=torch.float32, device=a.device) if split else \
         torch.empty((m, n), dtype=out_dtype, device=a.device)
     on_interpreter = runs_on_interpreter(ptpc_gemm_kernel)
     a_scale = x_scale.reshape(-1).float().contiguous()
     w_scale = w_scale.float().contiguous()
-    if m and n and config.tma:
+    if config.kernel == "gluon_hopper":
+        launch_ptpc_gemm_gluon_hopper(a, w_q, a_scale, w_scale, c, config, on_interpreter)
+    elif m and n and config.tma:
         # persistent grids: one program per SM (a few under the interpreter, to walk tiles)
         num_programs = current_target().num_sms if config.persistent and not on_interpreter \
             else INTERPRETER_PERSISTENT_PROGRAMS

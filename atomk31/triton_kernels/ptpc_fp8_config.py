@@ -1,13 +1,15 @@
 """Tile choice of the PTPC-FP8 scaled GEMM (MODEL_SPEC §6.5): one config per shape class in an
 explicit table, per target (no autotuning).
 
-Two kernels share the config type:
+Three kernels share the config type:
 * the pointer kernel (``ptpc_fp8.ptpc_gemm_kernel``): any target, any layout; decode tiles with
   split K, and the AMD configs;
 * the TMA kernel (``ptpc_fp8_tma.ptpc_gemm_tma_kernel``, ``tma=True``): Hopper only. Tensor
   descriptors feed a warp-specialized loop: one producer warpgroup issues the TMA loads, two
   consumer warpgroups (64 rows each) run the wgmma and promote their own partial sums, so one
-  consumer's promotion overlaps the other's tensor-core work.
+  consumer's promotion overlaps the other's tensor-core work;
+* the Gluon kernel (``gluon_kernels/ptpc_fp8_hopper.py``, ``kernel="gluon_hopper"``): Hopper
+  only, the large GEMMs (HOPPER_GLUON_CONFIG).
 """
 
 import dataclasses
@@ -38,7 +40,11 @@ class GemmConfig:
     ``promote_per_tile``; not with ``split_n`` or ``warp_specialize``).
     ``device_descriptors``: (TMA kernel) descriptors built in the kernel, which Triton 3.6's
     Hopper warp specialization can split between its consumer warpgroups (host descriptors:
-    a wrong box there, and a hang)."""
+    a wrong box there, and a hang). ``kernel``: "triton" (the pointer or TMA kernel above) or
+    "gluon_hopper" (gluon_kernels/ptpc_fp8_hopper.py, sm_90 only: block_k = 128, block_m x
+    block_n one of its TILES, ``num_stages`` ring buffers, ``group_m``, ``persistent``,
+    ``overlap_epilogue``: each tile's store under the next tile's first wgmma; no split K; the
+    other fields do not apply)."""
 
     block_m: int
     block_n: int
@@ -56,6 +62,8 @@ class GemmConfig:
     persistent: bool = False
     promote_lagged: bool = False
     device_descriptors: bool = False
+    kernel: str = "triton"
+    overlap_epilogue: bool = False
 
 
 # Under the interpreter: one small config (tests cover split K with explicit configs).
@@ -154,9 +162,39 @@ HOPPER_WS_CONFIG = GemmConfig(128, 128, 128, num_warps=4, num_stages=4, promote_
                               warp_specialize=True, tma=True, device_descriptors=True)
 
 
+# Hopper (sm_90): the Gluon kernel (gluon_kernels/ptpc_fp8_hopper.py: a TMA producer warp, two
+# consumer warpgroups promoting each wgmma partial under the next one, persistent grid, the
+# epilogue under the next tile's first wgmma) from HOPPER_GLUON_MIN_M tokens (None: never) where
+# its 128 x 128 tiles cover the SMs, K spans >= 8 K tiles and the GEMM has >= HOPPER_GLUON_MIN_FLOP
+# (operands it cannot take fall back to the pointer kernel in ptpc_fp8). H200 session 5, round 1
+# (graph ms vs torch._scaled_mm in the same run, equal accuracy: e/bnd 0.76 like the Triton
+# kernels): o_proj M = 4096 0.592 (0.98x; 0.579 without the overlapped epilogue) vs the lag2
+# TMA kernel's 0.755 (peer 0.583); kda qkv 4096 1.780 (0.99x) vs 2.227 (peer 1.753); o_proj
+# 1024 0.164 (1.04x) vs 0.203; kda qkv 1024 0.459 (0.97x) vs 0.563; kda qkv 128 (288 tiles)
+# 0.094 (0.96x, without the overlap) vs 0.104. The floors: a launch through Gluon's JIT cost ~150
+# us of host time (o_proj M = 128, eager: 0.16 ms for a 0.03 ms kernel; the Triton pointer kernel
+# 0.05), so small GEMMs stay on the Triton kernels, whose launch is cheaper; kv_b's K = 512 (4
+# K tiles per tile) was not measured.
+HOPPER_GLUON_MIN_M: int | None = 128
+HOPPER_GLUON_MIN_K = 1024
+HOPPER_GLUON_MIN_FLOP = 5e10
+HOPPER_GLUON_CONFIG = GemmConfig(128, 128, 128, num_stages=4, persistent=True,
+                                 kernel="gluon_hopper", overlap_epilogue=True)
+
+
+def takes_gluon_on_hopper(m: int, n: int, k: int, target: GemmTarget) -> bool:
+    """HOPPER_GLUON_CONFIG's rule (above)."""
+    return target.has_tma_ws and HOPPER_GLUON_MIN_M is not None and m >= HOPPER_GLUON_MIN_M \
+        and k >= HOPPER_GLUON_MIN_K and 2 * m * n * k >= HOPPER_GLUON_MIN_FLOP and \
+        triton.cdiv(m, HOPPER_GLUON_CONFIG.block_m) * \
+        triton.cdiv(n, HOPPER_GLUON_CONFIG.block_n) >= target.num_sms
+
+
 def pick_config_for_target(m: int, n: int, k: int, target: GemmTarget) -> GemmConfig:
     """The launcher's tile choice on a given target (tests check the AMD choices without the
     driver)."""
+    if takes_gluon_on_hopper(m, n, k, target):
+        return HOPPER_GLUON_CONFIG
     if target.has_tma_ws and HOPPER_TMA_MIN_M is not None and m >= HOPPER_TMA_MIN_M and \
             triton.cdiv(m, HOPPER_TMA_CONFIG.block_m) * \
             triton.cdiv(n, HOPPER_TMA_CONFIG.block_n) >= target.num_sms:

@@ -2,7 +2,11 @@
 
 Contract: `atomk31.ops.sparse_mla` (MODEL_SPEC §4.5, §4.6). The kernel and how it tiles the
 work: mla_kernel.py; its launch (product types, key splits and their merge): mla_launch.py;
-the tile defaults per target, from the H200 benchmarks: mla_tiles.py.
+the tile defaults per target, from the H200 benchmarks: mla_tiles.py. On Hopper (compute
+capability 9.x, bf16 / fp16 queries over an FP8 e4m3fn latent with 16-byte aligned rows) the
+default is gluon_kernels/sparse_mla_hopper.py instead: wgmma in Gluon, which ships inside the
+triton wheel, so it is this backend's Hopper path. H200, session 5 (graph-timed, 96 heads,
+2048 keys): 64 rows 121.5 us vs the Triton kernel's 153.1, 16 rows 39.2 vs 47.6.
 """
 
 import torch
@@ -13,6 +17,16 @@ from atomk31.triton_kernels.mla_launch import (
     choose_mla_tiles,
     launch_mla,
 )
+
+
+def gluon_hopper_applies(q: torch.Tensor, latent_cache: torch.Tensor) -> bool:
+    """Whether gluon_kernels/sparse_mla_hopper.py runs these inputs (an NVIDIA Hopper GPU, bf16
+    / fp16 queries, an FP8 e4m3fn latent with 16-byte aligned rows)."""
+    if not q.is_cuda or torch.version.hip is not None:
+        return False
+    from gluon_kernels.sparse_mla_hopper import why_not_hopper
+
+    return why_not_hopper(q, latent_cache) is None
 
 
 def sparse_mla_triton(
@@ -30,6 +44,7 @@ def sparse_mla_triton(
     value_splits: int | None = None,
     prefetch: int | None = None,
     fp16_operands: bool | None = None,
+    kernel: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of each row over its selected slots: (out [Nq, H, 512], lse [Nq, H]) fp32.
 
@@ -40,8 +55,28 @@ def sparse_mla_triton(
     `scores_via_memory` (probabilities through a scratch buffer, see SCORES_VIA_MEMORY; runs
     one stage), `value_splits` (1 or 2 programs per query block, see VALUE_SPLITS),
     `prefetch` (0 or 1, see PREFETCH) and `fp16_operands` (FP16 products over an FP8
-    latent, see FP16_OPERANDS; ignored for other latents and float32 queries).
+    latent, see FP16_OPERANDS; ignored for other latents and float32 queries). `kernel`:
+    "triton" (mla_kernel.py, every target), "gluon_hopper" (compute capability 9.x, bf16 /
+    fp16 queries over an FP8 e4m3fn latent, FP16 products; takes `num_splits` only) or None:
+    the Gluon kernel where it applies and no tile knob is set, else the Triton one.
     """
+    tile_knobs = dict(block_h=block_h, block_n=block_n, num_stages=num_stages,
+                      num_warps=num_warps, scores_via_memory=scores_via_memory,
+                      value_splits=value_splits, prefetch=prefetch, fp16_operands=fp16_operands)
+    fixed = [name for name, value in tile_knobs.items() if value is not None]
+    if kernel is None:
+        kernel = "gluon_hopper" if not fixed and gluon_hopper_applies(q, latent_cache) \
+            else "triton"
+    if kernel == "gluon_hopper":
+        from gluon_kernels.sparse_mla_hopper import sparse_mla_hopper
+
+        if fixed:
+            raise ValueError(f"kernel='gluon_hopper' takes num_splits only, got {fixed}")
+
+        return sparse_mla_hopper(q, latent_cache, latent_scale, slots, softmax_scale,
+                                 num_splits=num_splits)
+    if kernel != "triton":
+        raise ValueError(f"kernel must be 'triton' or 'gluon_hopper', got {kernel!r}")
     check_latent_cache_layout(latent_cache)
     if slots.dim() != 2:
         raise ValueError(f"slots must be [Nq, k], got {list(slots.shape)}")

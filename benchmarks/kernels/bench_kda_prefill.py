@@ -50,23 +50,22 @@ FLA_WARMUP_LIMIT_S = 50     # stop waiting for them this long after the start
 
 def variants() -> dict[str, object]:
     """The launcher's default (None: default_tuning, on CUDA with BF16 the [64, 64]
-    accumulators of kda_prefill_scores_wide.py with a TF32 solve and the chunk table planned
-    on the GPU), session 3's default ([16, 16] tiles, host planner), and the default with
-    one knob changed: IEEE solve; each slice's four blocks joined into one product
-    (kda_prefill_scores_wide.py's JOINED, 16-channel slices); 32-channel products in stage 1b
-    (137 registers: three programs per SM instead of two); BF16 score products."""
+    accumulators of kda_prefill_scores_wide.py with BF16 score products, a TF32 solve, the
+    gated rows written there and w, u folded into stage 2, and the chunk table planned on the
+    GPU); session 4's default (TF32 scores, stage 1b: kda_prefill_gated.py); the default
+    with TF32 scores; and the default with 16-channel slices and a 168-register cap in stage
+    1a (no stack on sm_90: three programs per SM instead of two)."""
     from atomk31.triton_kernels.kda_prefill import default_tuning
     from atomk31.triton_kernels.kda_prefill_tuning import KdaPrefillTuning as T
 
     default = default_tuning(torch.bfloat16)
     return {
-        "default (wide tf32solve devplan)": None,
-        "s3 default (tiles bk16 w2)": T(intra_split=True, scores_block_k=16,
-                                        scores_num_warps=2),
-        "default, ieee solve": replace(default, scores_tf32_solve=False),
-        "default, joined bk16": replace(default, scores_joined=True, scores_block_k=16),
-        "default, gated g32": replace(default, gated_block=32),
-        "default, bf16 scores": replace(default, scores_bf16=True),
+        "default (folded bf16 scores)": None,
+        "s4 default (wide tf32, stage 1b)": T(intra_split=True, scores_wide=True,
+                                              compact_scores=True, scores_tf32_solve=True,
+                                              plan_on_device=True),
+        "default, tf32 scores": replace(default, scores_bf16=False),
+        "default, bk16 r168": replace(default, scores_block_k=16, scores_max_registers=168),
     }
 
 

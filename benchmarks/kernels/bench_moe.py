@@ -39,12 +39,10 @@ DEFAULT = "default"  # moe_experts_mxfp4_triton as the engine calls it
 
 
 def gemv(mode: str, block_n: int, block_k: int, num_warps: int = 4, num_stages: int = 3,
-         loop_stages: int = 0, one_factor: bool = False, gather_rows: bool | None = None,
-         block_m: int | None = None, max_registers: int | None = None) -> tuple[str, dict]:
+         loop_stages: int = 0, gather_rows: bool | None = None, block_m: int | None = None,
+         max_registers: int | None = None) -> tuple[str, dict]:
     knobs = dict(mode=mode, block_n=block_n, block_k=block_k, num_warps=num_warps,
                  num_stages=num_stages, loop_stages=loop_stages)
-    if one_factor:
-        knobs["one_factor"] = True
     if gather_rows is not None:
         knobs["gather_rows"] = gather_rows
     if gather_rows:
@@ -54,48 +52,58 @@ def gemv(mode: str, block_n: int, block_k: int, num_warps: int = 4, num_stages: 
     return GEMV, knobs
 
 
+TWO_FACTORS = {"one_factor_exact": False}
+
+
 def variants(num_tokens: int, quick: bool) -> dict[str, tuple[str, dict]]:
-    """The designs / configurations timed side by side at this batch size. "default": BF16
-    on NVIDIA "dot_t_words" 64 x 256, token rows up to 16 tokens, gathered rows at 17-64
-    (session 4); "words" = dot_t_words (weights decoded two per op into tensor-core
-    registers), "1f" its one-multiply decode (scale range limited; these weights' scales are
-    in it), "gather bmM" = a program's rows are its expert's own tokens, M at a time (instead
-    of all T: the tensor cores do T k / E rows' work, not T); n / k = block_n / block_k, w =
-    num_warps, s = num_stages, r = max_registers. --quick keeps each batch's main questions
-    (~30 compiles at ~1.2 s each: round 1 took 48 s with 22)."""
+    """The designs / configurations timed side by side at this batch size. Every launcher
+    gets the weights' one_factor_exact flag (computed once, as the engine's layer does; these
+    weights' scale bytes are in range), unless a variant sets it: "default" = the registered
+    op's path as the engine calls it (BF16 on NVIDIA "dot_t_words" 64 x 256 with the
+    one-multiply decode up to 64 tokens: token rows up to 16, gathered rows at 17-64; above,
+    at 128 pairs per block, "grouped words" = the grouped GEMMs with the word decode,
+    moe_grouped_words.py), "default 2f" the same with the two-multiply decode (the decode of
+    weights outside the range), "grouped bytes" the byte-decode grouped GEMMs. "words" =
+    dot_t_words (weights decoded two per op into tensor-core registers), "gather" = a
+    program's rows are its expert's own tokens (32 per chunk); bm / n / k = rows (tokens) /
+    weight rows / inputs per program, w = num_warps, s = num_stages, r = max_registers.
+    --quick keeps each batch's main questions."""
     cases: dict[str, tuple[str, dict]] = {"default": (DEFAULT, {})}
+    if num_tokens <= 64:
+        cases["default 2f"] = (DEFAULT, TWO_FACTORS)
     if num_tokens <= 16:
-        # Round 1 (session 4): more programs per SM (s2 r80: 6 instead of 3) gained nothing
-        # (1 token: 9% slower), the one-multiply decode 7% at 4 / 16 tokens. k512 asks whether
-        # longer row segments per load (256 B instead of 128 B) stream better.
-        cases |= {"words n64 k512 s2": gemv("dot_t_words", 64, 512, num_stages=2),
-                  "words n64 k256 1f": gemv("dot_t_words", 64, 256, one_factor=True),
-                  "words n64 k512 s2 1f": gemv("dot_t_words", 64, 512, num_stages=2,
-                                               one_factor=True)}
+        # Session 5, round 1: 128 weight rows on 8 warps (two warpgroups sharing one
+        # activation tile) lost at 1 / 4 / 16 tokens (0.121 / 0.282 / 0.421 vs 0.109 / 0.267 /
+        # 0.401 ms): full bench only, with session 4's losers.
         if not quick:
-            cases |= {"words n64 k256 s2 r80": gemv("dot_t_words", 64, 256, num_stages=2,
-                                                    max_registers=80),
-                      "words n64 k256 s2 r80 1f": gemv("dot_t_words", 64, 256, num_stages=2,
-                                                       max_registers=80, one_factor=True),
-                      "words n64 k256 s2": gemv("dot_t_words", 64, 256, num_stages=2),
-                      "words n128 k128 w8": gemv("dot_t_words", 128, 128, num_warps=8),
-                      "words n128 k128 w4": gemv("dot_t_words", 128, 128)}
+            cases |= {"words n128 k256 w8": gemv("dot_t_words", 128, 256, num_warps=8),
+                      "words n64 k512 s2": gemv("dot_t_words", 64, 512, num_stages=2),
+                      "words n64 k256 s2 r80": gemv("dot_t_words", 64, 256, num_stages=2,
+                                                    max_registers=80)}
     elif num_tokens <= 64:
         # Default: gathered rows, 32 per chunk, 64 x 256 tiles, 2 stages, 128 registers.
-        cases |= {"token rows n128 k128": gemv("dot_t_words", 128, 128, gather_rows=False),
-                  "gather bm32 k128 r96": gemv("dot_t_words", 64, 128, gather_rows=True,
-                                               block_m=32, max_registers=96),
-                  "gather bm16 k256 s2 r128": gemv("dot_t_words", 64, 256, num_stages=2,
-                                                   gather_rows=True, block_m=16,
-                                                   max_registers=128)}
+        # 128 rows on 8 warps: round 1 0.589 vs 0.598 ms (within run-to-run spread): again.
+        cases["gather n128 k256 w8 s2"] = gemv("dot_t_words", 128, 256, num_warps=8,
+                                               num_stages=2, gather_rows=True, block_m=32)
         if not quick:
-            cases |= {"gather bm32 n64 k256": gemv("dot_t_words", 64, 256, gather_rows=True,
-                                                   block_m=32, num_stages=3),
+            cases |= {"token rows n128 k128": gemv("dot_t_words", 128, 128, gather_rows=False),
+                      "gather bm16 k256 s2 r128": gemv("dot_t_words", 64, 256, num_stages=2,
+                                                       gather_rows=True, block_m=16,
+                                                       max_registers=128),
                       "grouped bm16 n64 k128": (GROUPED, dict(block_m=16, block_n=64,
                                                               block_k=128))}
     elif num_tokens >= 4096:
-        cases |= {"grouped bm128 n128 k128": (GROUPED, dict(block_m=128, block_n=128,
-                                                            block_k=128))}
+        # Default (session 5): the word-decode grouped GEMMs, 128 x 128 tiles on 8 warps.
+        # k256: the K tile's 8 scale bytes per row go through cp.async; with k128 each thread
+        # loads 2 bytes with a plain LDG (not pipelined: 2 per K step in the loop's SASS).
+        cases |= {"grouped bytes (s4 default)": (GROUPED, dict(words=False)),
+                  "grouped words n128 k256 s2": (GROUPED, dict(words=True, block_m=128,
+                                                                 block_n=128, block_k=256,
+                                                                 num_warps=8, num_stages=2))}
+        if not quick:
+            cases["grouped words n64 k128 s2"] = (GROUPED, dict(words=True, block_m=128,
+                                                                block_n=64, block_k=128,
+                                                                num_warps=4, num_stages=2))
     return cases
 
 
@@ -160,7 +168,7 @@ def _timed(step, weight_bytes: int, flops: int, copy_bw: float, matmul_rate: flo
 
 
 def run(token_counts: list[int], out_dir: Path | None, budget_s: float, quick: bool) -> dict:
-    from atomk31.ops.moe import moe_experts_mxfp4_torch
+    from atomk31.ops.moe import moe_experts_mxfp4_torch, mxfp4_scales_allow_one_factor
     from atomk31.triton_kernels.moe_gemv import moe_experts_mxfp4_gemv_triton
     from atomk31.triton_kernels.moe_grouped_gemm import moe_experts_mxfp4_triton
     from atomk31.triton_kernels.moe_routing import moe_route_triton
@@ -169,6 +177,9 @@ def run(token_counts: list[int], out_dir: Path | None, budget_s: float, quick: b
     w13_packed, w13_scales = random_mxfp4(2 * INTERMEDIATE, LATENT)
     w2_packed, w2_scales = random_mxfp4(LATENT, INTERMEDIATE)
     weights_mx = (w13_packed, w13_scales, w2_packed, w2_scales)
+    # Once, as the engine's MoE layer does at load.
+    flag = {"one_factor_exact": mxfp4_scales_allow_one_factor(w13_scales, w2_scales)}
+    print(f"one_factor_exact (scale bytes 0 or 59..192): {flag['one_factor_exact']}", flush=True)
     w13_bf16 = torch.randn(NUM_EXPERTS, 2 * INTERMEDIATE, LATENT, device=DEVICE,
                            dtype=torch.bfloat16) * 0.02
     w2_bf16 = torch.randn(NUM_EXPERTS, LATENT, INTERMEDIATE, device=DEVICE,
@@ -177,10 +188,11 @@ def run(token_counts: list[int], out_dir: Path | None, budget_s: float, quick: b
     bias = torch.zeros(NUM_EXPERTS, device=DEVICE)
     launchers = {
         GEMV: lambda z, w, i, knobs: moe_experts_mxfp4_gemv_triton(
-            z, w, i, *weights_mx, 4.0, 25.0, **knobs),
+            z, w, i, *weights_mx, 4.0, 25.0, **(flag | knobs)),
         GROUPED: lambda z, w, i, knobs: moe_experts_mxfp4_triton(
-            z, w, i, *weights_mx, 4.0, 25.0, small_batch=False, **knobs),
-        DEFAULT: lambda z, w, i, knobs: moe_experts_mxfp4_triton(z, w, i, *weights_mx, 4.0, 25.0),
+            z, w, i, *weights_mx, 4.0, 25.0, small_batch=False, **(flag | knobs)),
+        DEFAULT: lambda z, w, i, knobs: moe_experts_mxfp4_triton(z, w, i, *weights_mx, 4.0, 25.0,
+                                                                 **(flag | knobs)),
     }
     rows = []
     deadline = time.monotonic() + budget_s
@@ -235,9 +247,9 @@ def run(token_counts: list[int], out_dir: Path | None, budget_s: float, quick: b
 
         def routed_step(split_router: bool | None):
             w, i = moe_route_triton(z, router, bias, TOP_K, True, 1.0, split_router=split_router)
-            return moe_experts_mxfp4_triton(z, w, i, *weights_mx, 4.0, 25.0)
+            return moe_experts_mxfp4_triton(z, w, i, *weights_mx, 4.0, 25.0, **flag)
         routed = {"default + routing": None}
-        if not quick or num_tokens <= 16:     # both routers: 1 more compile
+        if not quick and num_tokens <= 64:  # both routers (session 4: split 0.132 vs 0.142 ms)
             fused_ids = moe_route_triton(z, router, bias, TOP_K, True, 1.0, split_router=False)[1]
             split_ids = moe_route_triton(z, router, bias, TOP_K, True, 1.0, split_router=True)[1]
             row["routing_split_ids_match"] = bool(torch.equal(split_ids, fused_ids))

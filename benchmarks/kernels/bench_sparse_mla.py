@@ -45,6 +45,21 @@ at 16, where the selections sit in L2 between graph replays). Final-round predic
 default ~153, p1_f16 ~150 (all row loads before the first product; 32 B of stack under 3.6),
 BF16 ~186; 16 rows default ~47, sp4_vs2_f16 (no read-ahead) ~55.
 
+Session 5: the Hopper Gluon kernel (gluon_kernels/sparse_mla_hopper.py; staged: FP8 rows by
+cp.async into staging; rg: into registers a tile ahead, the value product under the next
+tile's conversion): 64 heads a CTA, each warpgroup scores half of each 64-key tile and
+accumulates half the values (1.33x the counted products issued). Round 1 (H200, graph us;
+predictions in brackets; GEMM 760 TFLOP/s): 64 rows staged 130.3 (85), rg 121.5 (75), 29.7%
+of GEMM, the Triton kernel 153.1; 16 rows staged 41.5 (28), rg 39.2 (25), 23.0%, Triton
+47.6; staged sp2 68.5 (45), rg sp8 51.7 (28). rg is the default on Hopper since ("default";
+"triton" is the Triton kernel; the staging was removed). A tile costs ~3.4 us (~6,300
+clocks) against ~2,700 of tensor and shared-memory work: the ~685 instructions a thread a
+tile (softmax, FP8 -> FP16 conversion, O's rescale) run between the products, not under them.
+Final round (GEMM 743 TFLOP/s): 64 rows default 123.0 = 28.1% of GEMM, triton 155.0; 16 rows
+39.5 / 47.6. A lazy rescale (O rescaled only when a maximum grows past 2^8: 128 fewer
+multiplies a thread on most tiles, but ~12 stack reloads a tile under 3.6) lost: 140.8 and
+45.0 us (predicted ~114 and ~38), and was removed.
+
 Usage: python -m benchmarks.kernels.bench_sparse_mla [--out DIR] [--rows 16 64] [--quick]
 """
 
@@ -57,6 +72,7 @@ import torch
 
 from atomk31.ops.sparse_mla import sparse_mla_torch
 from atomk31.triton_kernels.sparse_mla import sparse_mla_triton
+from gluon_kernels.sparse_mla_hopper import sparse_mla_hopper
 from benchmarks.common import (
     measure_copy_bandwidth,
     measure_matmul_rate,
@@ -105,6 +121,13 @@ VARIANTS = {
         # Scores via memory: each warpgroup scores half the keys (no recomputed scores, 1.33x
         # the counted products instead of 2.04x), probabilities through a scratch buffer.
         "bh64_bn64_s1_vm_f16": knobs(64, 64, 1, 1, fp16=True, via_memory=True),
+        # Session 5: the Hopper Gluon kernel (gluon_kernels/sparse_mla_hopper.py, the default
+        # on Hopper since): 64 heads a CTA, each warpgroup scores half of a 64-key tile and
+        # accumulates half the values, the FP8 rows loaded into registers a tile ahead and
+        # converted under the value product (121.5 us; by cp.async into staging: 130.3, the
+        # staging since removed).
+        "triton": {"kernel": "triton"},
+        "gluon_hopper": {"kernel": "gluon_hopper"},
     },
     16: {
         "bh64_bn64_s1_sp16_vm": knobs(64, 64, 1, 1, num_splits=16, via_memory=True),
@@ -118,11 +141,15 @@ VARIANTS = {
         "bh64_bn32_w4_sp4_vs2_f16": knobs(64, 32, 1, 2, fp16=True, num_splits=4, num_warps=4),
         "bh64_bn32_w4_sp4_vs2_p1_f16": knobs(64, 32, 1, 2, prefetch=1, fp16=True,
                                              num_splits=4, num_warps=4),
+        # The Gluon kernel's key splits: 32 CTAs x 4 (the default, 128 CTAs of 8 tiles) won:
+        # 39.2 us (staged: 41.5); sp8 51.7, staged sp2 68.5.
+        "triton": {"kernel": "triton"},
+        "gluon_hopper": {"kernel": "gluon_hopper"},
+        "gluon_hopper_sp8": {"kernel": "gluon_hopper", "num_splits": 8},
     },
 }
 # The final round's set: the defaults' measured forms and the candidates to replace them.
-QUICK = {64: ["bh128_bn64_s1_vs2_p1_f16", "bh128_bn64_s1_vs2"],
-         16: ["bh128_bn64_s1_sp4_vs2_f16"]}
+QUICK = {64: ["triton"], 16: ["triton"]}
 
 
 def make_latent_cache(num_blocks: int, device: str) -> torch.Tensor:
@@ -136,6 +163,15 @@ def random_selection(num_rows: int, num_slots: int, device: str) -> torch.Tensor
     return keys.topk(TOP_K, dim=1).indices.to(torch.int32)
 
 
+def run_variant(q: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
+                knobs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """One variant: the Gluon kernel's launcher with its own knobs, else the Triton one."""
+    if knobs.get("kernel") == "gluon_hopper":
+        rest = {key: value for key, value in knobs.items() if key != "kernel"}
+        return sparse_mla_hopper(q, cache, 1.0, slots, SOFTMAX_SCALE, **rest)
+    return sparse_mla_triton(q, cache, 1.0, slots, SOFTMAX_SCALE, **knobs)
+
+
 def bench_rows(num_rows: int, cache: torch.Tensor, copy_bw: float, matmul_rate: float,
                quick: bool) -> dict:
     slots = random_selection(num_rows, min(cache.shape[0] * BLOCK_SIZE, CONTEXT), DEVICE)
@@ -147,10 +183,10 @@ def bench_rows(num_rows: int, cache: torch.Tensor, copy_bw: float, matmul_rate: 
               "bytes": num_bytes}
     table = VARIANTS.get(num_rows, VARIANTS[64])
     names = QUICK.get(num_rows, list(table)) if quick else list(table)
-    variants = {name: (lambda kw=table[name]: sparse_mla_triton(q, cache, 1.0, slots,
-                                                                SOFTMAX_SCALE, **kw))
-                for name in names}
-    variants["default"] = lambda: sparse_mla_triton(q, cache, 1.0, slots, SOFTMAX_SCALE)
+    # The default first: its row prints even if a new variant fails or hangs.
+    variants = {"default": lambda: sparse_mla_triton(q, cache, 1.0, slots, SOFTMAX_SCALE)}
+    variants.update({name: (lambda kw=table[name]: run_variant(q, cache, slots, kw))
+                     for name in names})
     variants["torch"] = lambda: sparse_mla_torch(q, cache, 1.0, slots, SOFTMAX_SCALE)
     for name, fn in variants.items():
         try:
@@ -165,7 +201,8 @@ def bench_rows(num_rows: int, cache: torch.Tensor, copy_bw: float, matmul_rate: 
             print(f"{num_rows:>4} {name:<30} FAILED {result[name]['error'][:80]}", flush=True)
             continue
         print(f"{num_rows:>4} {name:<30} graph {graph_ms * 1e3:8.1f} us  eager "
-              f"{eager_ms * 1e3:8.1f} us  rel err {error:.1e}", flush=True)
+              f"{eager_ms * 1e3:8.1f} us  {flops / (graph_ms * 1e-3) / matmul_rate:6.1%} of GEMM"
+              f"  err/bound {error / ERROR_BOUND:.3f}", flush=True)
         result[name] = {"ms": graph_ms, "eager_ms": eager_ms,
                         "matmul_fraction": flops / (graph_ms * 1e-3) / matmul_rate,
                         "tflops": flops / (graph_ms * 1e-3) / 1e12,

@@ -92,11 +92,15 @@ KDA_EXAMPLES: dict[str, Callable[[], None]] = {
     "kda_prefill[two-kernel intra]": kda_prefill_tuned(scores_wide=False, scores_block_k=16,
                                                        scores_num_warps=2),
     "kda_prefill[column-block scores]": kda_prefill_tuned(scores_columns=True),
-    "kda_prefill[wide scores]": kda_prefill_tuned(scores_block_k=32, **_WIDE),
+    "kda_prefill[wide scores]": kda_prefill_tuned(scores_block_k=32, fold_w_u=False,
+                                                  scores_bf16=False, **_WIDE),
     "kda_prefill[wide joined scores]": kda_prefill_tuned(scores_joined=True, scores_block_k=16,
                                                          **_WIDE),
     # the chunk table built on the GPU (no snapshots)
     "kda_prefill[device plan]": kda_prefill_tuned(snapshots=False, scores_block_k=32,
                                                   plan_on_device=True, **_WIDE),
+    # w and u folded into the state stage (stage 1a also writes the gated rows)
+    "kda_prefill[folded w/u]": kda_prefill_tuned(snapshots=False, scores_block_k=32,
+                                                 plan_on_device=True, fold_w_u=True, **_WIDE),
     "short_conv": short_conv,
 }

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from gluon_kernels import indexer_score, radix_topk
+from gluon_kernels import indexer_score, ptpc_fp8_hopper, radix_topk
 from gluon_kernels.targets import target_for_arch
 from amd_compile.capture import capture_reports
 from amd_compile.isa import check_no_scratch, check_registers, instructions, register_report
 
-KERNEL_MODULES = [indexer_score, radix_topk]
+KERNEL_MODULES = [indexer_score, radix_topk, ptpc_fp8_hopper]  # the last: Hopper only
 AMD_ARCHS = ["gfx950", "gfx942"]
 SCRIPT = Path(__file__).with_name("capture_gluon_isa.py")
 
@@ -66,6 +66,8 @@ def test_gluon_kernel_nvidia_instantiation_compiles(assembly, example):
     ptx = _asm(assembly, "sm90", example.name)
     if example.name.startswith("indexer_score"):
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+    if example.name.startswith("ptpc_gemm_hopper"):  # async wgmma, producer registers given back
+        assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx
 
 
 def test_gfx942_has_no_mxfp4_instantiation():

@@ -26,8 +26,6 @@ KNOWN_SPILLS: dict[str, str] = {
     "indexer_score[fp8, fp8 dot]": "opt-in FP8 tensor-core products, register-capped to 128 "
                                    "(184 B of stack)",
     "kda_prefill[column-block scores]": "opt-in column-block stage 1a at 4 warps",
-    "kda_prefill[wide joined scores]": "opt-in joined wide stage 1a, 16-channel slices at 4 "
-                                       "warps (24 B)",
     "kda_prefill[float32]": "the exact float32 intra-chunk kernel (IEEE products of fp32 "
                             "64-row tiles): 3168 B of stack at 255 registers, a correctness "
                             "path never tuned for speed",
@@ -35,11 +33,13 @@ KNOWN_SPILLS: dict[str, str] = {
     "sparse_mla[fp8 cache]": "16 heads, one program per row: the few-head tiles (24 B)",
     "sparse_mla[fp16 products]": "16 heads with FP16 products (80 B)",
     "dense_mla": "16 heads over a BF16 cache: the few-head dense tiles (392 B)",
-    "sparse_mla[96 heads, 16 rows]": "the model's few-row default (128 heads padded, value "
-                                     "halves, next tile read ahead, FP16 products): 136 B "
-                                     "under triton 3.9, 32 B under the H200's 3.6",
-    "sparse_mla[96 heads, 64 rows]": "the model's 64-row default (FP16 products): 8 B under "
-                                     "triton 3.9, none under the H200's 3.6",
+    # (on Hopper the Gluon kernel now runs these shapes; the Triton tiles are AMD's and the
+    # fallback's)
+    "sparse_mla[96 heads, 16 rows]": "the Triton kernel's few-row tiles (128 heads padded, "
+                                     "value halves, next tile read ahead, FP16 products): "
+                                     "136 B under triton 3.9, 32 B under the H200's 3.6",
+    "sparse_mla[96 heads, 64 rows]": "the Triton kernel's 64-row tiles (FP16 products): 8 B "
+                                     "under triton 3.9, none under the H200's 3.6",
 }
 
 

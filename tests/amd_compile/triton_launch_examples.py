@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 from kda_launch_examples import HEAD_DIM, KDA_EXAMPLES, KDA_HEADS
+from moe_launch_examples import MOE_EXAMPLES
 
 NUM_INDEX_HEADS = 32
 
@@ -196,71 +197,6 @@ def ptpc_linear_tma_hopper() -> None:
                          on_interpreter=False, num_programs=1)
 
 
-def moe_route_split() -> None:
-    """The router logits spread over E/4 programs per token (``split_router``)."""
-    from atomk31.triton_kernels.moe_routing import moe_route_triton
-
-    num_experts, hidden_size = 64, 256
-    moe_route_triton(torch.randn(4, hidden_size, dtype=torch.bfloat16),
-                     torch.randn(num_experts, hidden_size), torch.zeros(num_experts), 8,
-                     True, 2.5, split_router=True)
-
-
-def moe_route() -> None:
-    from atomk31.triton_kernels.moe_routing import moe_route_triton
-
-    num_experts, hidden_size = 64, 256
-    moe_route_triton(torch.randn(4, hidden_size, dtype=torch.bfloat16),
-                     torch.randn(num_experts, hidden_size), torch.zeros(num_experts), 8,
-                     True, 2.5)
-
-
-def moe_experts(use_dot_scaled: bool, fp8_down: bool = False) -> Callable[[], None]:
-    """Both grouped GEMMs with the arguments of ``moe_experts_mxfp4_triton`` (launched here:
-    that launcher takes its fp32 interpreter path for CPU tensors). The dot_scaled path only
-    where MX tensor cores exist (gfx950); fp8_down: h in MXFP8 (e4m3fn + E8M0) for the down
-    GEMM (issue #6)."""
-    def run() -> None:
-        import triton
-
-        from atomk31.triton_kernels.moe_grouped_gemm import (moe_down_kernel,
-                                                             moe_gate_up_kernel, pick_block_m)
-        from atomk31.triton_kernels.moe_routing import sort_pairs_by_expert
-
-        if use_dot_scaled and _fp8_variant() == "e4m3fnuz":
-            return  # gfx942 has no scaled MFMA
-        num_experts, intermediate_size, latent_size, top_k = 4, 256, 256, 2
-        topk_ids = torch.tensor([[0, 1], [2, 3], [1, 0], [3, 2], [0, 2]], dtype=torch.int32)
-        num_tokens, num_pairs = topk_ids.shape[0], topk_ids.numel()
-        block_m, block_n, block_k = pick_block_m(num_pairs, num_experts), 64, 128
-        w13 = torch.zeros(num_experts, 2 * intermediate_size, latent_size // 2,
-                          dtype=torch.uint8)
-        w13_scales = torch.full((num_experts, 2 * intermediate_size, latent_size // 32), 127,
-                                dtype=torch.uint8)
-        w2 = torch.zeros(num_experts, latent_size, intermediate_size // 2, dtype=torch.uint8)
-        w2_scales = torch.full((num_experts, latent_size, intermediate_size // 32), 127,
-                               dtype=torch.uint8)
-        z = torch.randn(num_tokens, latent_size, dtype=torch.bfloat16)
-        blocks = sort_pairs_by_expert(topk_ids, num_experts, block_m)
-        num_rows = blocks.num_blocks_max * block_m
-        hidden = torch.empty(num_rows, intermediate_size,
-                             dtype=torch.float8_e4m3fn if fp8_down else z.dtype)
-        hidden_scales = torch.empty(num_rows, intermediate_size // 32, dtype=torch.uint8) \
-            if fp8_down else hidden
-        u = torch.zeros(num_tokens, latent_size)
-        meta = dict(E=num_experts, F=intermediate_size, DL=latent_size, TOP_K=top_k,
-                    BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                    USE_DOT_SCALED=use_dot_scaled, DOT_FP32=False, FP8_DOWN=fp8_down,
-                    num_warps=4, num_stages=3)
-        moe_gate_up_kernel[(blocks.num_blocks_max, triton.cdiv(intermediate_size, block_n))](
-            z, blocks.pair_ids, blocks.block_expert, w13, w13_scales, hidden, hidden_scales,
-            num_pairs, z.stride(0), 10.0, 10.0, HAS_LINEAR_CAP=True, **meta)
-        moe_down_kernel[(blocks.num_blocks_max, triton.cdiv(latent_size, block_n))](
-            hidden, hidden_scales, blocks.pair_ids, blocks.block_expert, w2, w2_scales,
-            torch.rand(num_tokens, top_k), u, num_pairs, **meta)
-    return run
-
-
 def sparse_mla() -> None:
     """FP8 latent cache, 256 selected slots: two key splits, so the combine compiles too."""
     from atomk31.triton_kernels.sparse_mla import sparse_mla_triton
@@ -317,29 +253,6 @@ def topk(with_slots: bool, collect: str | None = None, **options: object) -> Cal
     return run
 
 
-def moe_experts_gemv(mode: str | None, num_tokens: int = 3,
-                     gather_rows: bool = False) -> Callable[[], None]:
-    """Both small-batch GEMVs of ``moe_gemv.py`` through their launcher, BF16 activations
-    (mode None: the launcher's choice, which at one token is one program per routed slot;
-    ``gather_rows``: each program's rows are the tokens routed to its expert)."""
-    def run() -> None:
-        from atomk31.triton_kernels.moe_gemv import moe_experts_mxfp4_gemv_triton
-
-        num_experts, intermediate_size, latent_size = 4, 256, 256
-        topk_ids = torch.tensor([[0, 1], [2, 3], [1, 0]], dtype=torch.int32)[:num_tokens]
-        w13 = torch.zeros(num_experts, 2 * intermediate_size, latent_size // 2, dtype=torch.uint8)
-        w13_scales = torch.full((num_experts, 2 * intermediate_size, latent_size // 32), 127,
-                                dtype=torch.uint8)
-        w2 = torch.zeros(num_experts, latent_size, intermediate_size // 2, dtype=torch.uint8)
-        w2_scales = torch.full((num_experts, latent_size, intermediate_size // 32), 127,
-                               dtype=torch.uint8)
-        z = torch.randn(topk_ids.shape[0], latent_size, dtype=torch.bfloat16)
-        moe_experts_mxfp4_gemv_triton(z, torch.rand(topk_ids.shape), topk_ids, w13, w13_scales,
-                                      w2, w2_scales, 10.0, 10.0, mode=mode,
-                                      gather_rows=gather_rows)
-    return run
-
-
 EXAMPLES: dict[str, Callable[[], None]] = {
     "indexer_score[fp8]": indexer_score("fp8", use_fp8_dot=False),
     "indexer_score[fp8, fp8 dot]": indexer_score("fp8", use_fp8_dot=True),
@@ -354,20 +267,7 @@ EXAMPLES: dict[str, Callable[[], None]] = {
     "ptpc_linear[prefill]": ptpc_linear(300, 512),
     "ptpc_linear[tma]": ptpc_linear_tma,
     "ptpc_linear[tma, Hopper default]": ptpc_linear_tma_hopper,
-    "moe_route": moe_route,
-    "moe_route[split]": moe_route_split,
-    "moe_experts_mxfp4": moe_experts(use_dot_scaled=False),
-    "moe_experts_mxfp4[dot_scaled]": moe_experts(use_dot_scaled=True),
-    "moe_experts_mxfp4[dot_scaled, fp8 down]": moe_experts(use_dot_scaled=True, fp8_down=True),
-    "moe_experts_mxfp4[gemv fma]": moe_experts_gemv("fma"),
-    "moe_experts_mxfp4[gemv fma_words]": moe_experts_gemv("fma_words"),
-    "moe_experts_mxfp4[gemv dot]": moe_experts_gemv("dot"),
-    "moe_experts_mxfp4[gemv dot_scaled]": moe_experts_gemv("dot_scaled"),
-    "moe_experts_mxfp4[gemv fma_f32]": moe_experts_gemv("fma_f32"),
-    "moe_experts_mxfp4[gemv dot_t]": moe_experts_gemv("dot_t"),
-    "moe_experts_mxfp4[gemv dot_t_words]": moe_experts_gemv("dot_t_words"),
-    "moe_experts_mxfp4[gemv gathered rows]": moe_experts_gemv("dot_t_words", gather_rows=True),
-    "moe_experts_mxfp4[gemv 1 token]": moe_experts_gemv(None, num_tokens=1),
+    **MOE_EXAMPLES,
     "sparse_mla[fp8 cache]": sparse_mla,
     "dense_mla": dense_mla,
     "sparse_mla[fp16 products]": sparse_mla_fp16,

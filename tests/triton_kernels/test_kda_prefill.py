@@ -6,6 +6,8 @@ GPU (``-m gpu``): real shapes, H=96, K=V=128, fp32 and BF16 inputs (fp32 must ke
 products: the default for fp32 is the exact single-kernel stage 1).
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -65,6 +67,12 @@ SCORES_JOINED = KdaPrefillTuning(intra_split=True, scores_wide=True, scores_join
 # The chunk table planned on the GPU (no host sync).
 SCORES_WIDE_DEVICE_PLAN = KdaPrefillTuning(intra_split=True, scores_wide=True,
                                            compact_scores=True, plan_on_device=True)
+# The wide stage 1a writing the gated rows, w and u folded into stage 2 (no stage 1b).
+FOLDED = KdaPrefillTuning(intra_split=True, scores_wide=True, compact_scores=True,
+                          fold_w_u=True)
+FOLDED_BF16 = KdaPrefillTuning(intra_split=True, scores_wide=True, compact_scores=True,
+                               scores_tf32_solve=True, plan_on_device=True, fold_w_u=True,
+                               scores_bf16=True)
 # The column-block scores with the gated rows and w, u in the same kernel.
 COLUMNS_FUSED = KdaPrefillTuning(scores_columns=True, fuse_gated=True, compact_scores=True,
                                  gated_block=32, scores_num_warps=8)
@@ -78,16 +86,21 @@ GPU_CASES = pytest.mark.parametrize("dtype, tuning", [
     (torch.bfloat16, COLUMNS_COMPACT), (torch.bfloat16, COLUMNS_FUSED),
     (torch.bfloat16, COLUMNS_FUSED_W4), (torch.bfloat16, SCORES_WIDE),
     (torch.bfloat16, SCORES_WIDE_BF16), (torch.bfloat16, SCORES_JOINED),
+    (torch.bfloat16, FOLDED), (torch.bfloat16, FOLDED_BF16),
 ], ids=["fp32-default", "fp32-two-kernel", "fp32-columns-fused", "bf16-default", "bf16-fused",
         "bf16-columns", "bf16-columns-compact", "bf16-columns-fused", "bf16-columns-fused-w4",
-        "bf16-scores-wide", "bf16-scores-wide-bf16", "bf16-scores-joined"])
+        "bf16-scores-wide", "bf16-scores-wide-bf16", "bf16-scores-joined", "bf16-folded",
+        "bf16-folded-bf16-scores"])
 # The interpreter is slow: the stage-1 and output designs here, the tile choices in one test.
-CPU_TUNINGS = pytest.mark.parametrize("tuning", [SPLIT, FUSED, TWO_KERNEL, COLUMNS_FUSED],
-                                      ids=["split", "fused", "two-kernel", "columns-fused"])
+CPU_TUNINGS = pytest.mark.parametrize("tuning", [SPLIT, FUSED, TWO_KERNEL, COLUMNS_FUSED,
+                                                 FOLDED],
+                                      ids=["split", "fused", "two-kernel", "columns-fused",
+                                           "folded"])
 
 
 @CPU_TUNINGS
-@pytest.mark.parametrize("lengths", [[1], [64], [70, 0, 1, 130]], ids=["T1", "T64", "varlen"])
+@pytest.mark.parametrize("lengths", [[1], [64], [70, 0, 1, 130], [63, 65]],
+                         ids=["T1", "T64", "varlen", "T63-T65"])
 def test_kda_prefill_triton_matches_torch(lengths, tuning):
     q, k, v, g, beta, state, bounds = random_inputs(lengths, seed=len(lengths))
     before = state.clone()
@@ -100,8 +113,8 @@ def test_kda_prefill_triton_matches_torch(lengths, tuning):
 
 
 # Snapshots are stage 2's business: the column-block stage 1a adds nothing here.
-@pytest.mark.parametrize("tuning", [SPLIT, FUSED, TWO_KERNEL],
-                         ids=["split", "fused", "two-kernel"])
+@pytest.mark.parametrize("tuning", [SPLIT, FUSED, TWO_KERNEL, FOLDED],
+                         ids=["split", "fused", "two-kernel", "folded"])
 def test_kda_prefill_triton_snapshots_cut_chunks(tuning):
     lengths = [150, 0, 5]
     q, k, v, g, beta, state, bounds = random_inputs(lengths, seed=8)
@@ -118,9 +131,9 @@ def test_kda_prefill_triton_snapshots_cut_chunks(tuning):
 
 
 @pytest.mark.parametrize("tuning", [SPLIT, CACHED, WIDE_SLICES, COLUMNS_FUSED, SCORES_WIDE,
-                                    SCORES_JOINED],
+                                    SCORES_JOINED, FOLDED],
                          ids=["split", "cached", "wide-slices", "columns-fused", "scores-wide",
-                              "scores-joined"])
+                              "scores-joined", "folded"])
 def test_kda_prefill_triton_decay_at_the_floor_stays_finite(tuning):
     # g = -5 for every token: Γ reaches -320 in a chunk, where exp(-Γ) alone overflows (§4.4).
     q, k, v, g, beta, state, bounds = random_inputs([100], seed=9)
@@ -133,8 +146,10 @@ def test_kda_prefill_triton_decay_at_the_floor_stays_finite(tuning):
     assert_relative_close("final_state", final_state, expected[1], CPU_TOLERANCE)
 
 
-@pytest.mark.parametrize("tuning", [SPLIT, TWO_KERNEL, COLUMNS_COMPACT, SCORES_WIDE_BF16],
-                         ids=["split", "two-kernel", "columns-compact", "scores-wide-bf16"])
+@pytest.mark.parametrize("tuning", [SPLIT, TWO_KERNEL, COLUMNS_COMPACT, SCORES_WIDE_BF16,
+                                    FOLDED_BF16],
+                         ids=["split", "two-kernel", "columns-compact", "scores-wide-bf16",
+                              "folded-bf16"])
 def test_kda_prefill_triton_odd_head_sizes(tuning):
     # K = 48, V = 40: channel slices and value blocks past the end of the head are masked.
     lengths = [33, 64]
@@ -145,8 +160,8 @@ def test_kda_prefill_triton_odd_head_sizes(tuning):
     assert_relative_close("final_state", final_state, expected[1], CPU_TOLERANCE)
 
 
-@pytest.mark.parametrize("tuning", [COLUMNS_COMPACT, SCORES_WIDE],
-                         ids=["columns", "scores-wide"])
+@pytest.mark.parametrize("tuning", [COLUMNS_COMPACT, SCORES_WIDE, FOLDED],
+                         ids=["columns", "scores-wide", "folded"])
 def test_kda_prefill_triton_compact_scores_under_bf16_intermediates(tuning):
     # 16-bit aqk and inverse (BF16 intermediates on fp32 inputs: the interpreter's products
     # stay fp32): within BF16 rounding of the torch op.
@@ -250,7 +265,11 @@ def test_kda_prefill_triton_real_shapes_gpu(dtype, tuning):
 
 
 @pytest.mark.gpu
-def test_kda_prefill_triton_plan_on_device_real_shapes_gpu():
+@pytest.mark.parametrize("tuning", [SCORES_WIDE_DEVICE_PLAN,
+                                    replace(FOLDED, scores_tf32_solve=True, plan_on_device=True),
+                                    FOLDED_BF16],
+                         ids=["wide", "folded", "folded-bf16-scores"])
+def test_kda_prefill_triton_plan_on_device_real_shapes_gpu(tuning):
     # No snapshots: the chunk table comes from the GPU planner (kda_prefill_plan.py).
     lengths = [3000, 1, 0, 1100]
     q, k, v, g, beta, state, bounds = random_inputs(lengths, num_heads=96, seed=19)
@@ -258,7 +277,7 @@ def test_kda_prefill_triton_plan_on_device_real_shapes_gpu():
     expected = kda_prefill_torch(q.float(), k.float(), v.float(), g, beta, state, bounds,
                                  128 ** -0.5)
     o, final_state, _ = kda_prefill_triton(q, k, v, g, beta, state, bounds, 128 ** -0.5,
-                                           tuning=SCORES_WIDE_DEVICE_PLAN)
+                                           tuning=tuning)
     assert_relative_close("o", o.float(), expected[0], GPU_BF16_TOLERANCE)
     assert_relative_close("final_state", final_state, expected[1], GPU_BF16_TOLERANCE)
 
