@@ -35,7 +35,11 @@ bound like the Triton kernels; the lag2 Triton TMA kernel in brackets): o_proj M
 1.768 [2.227]; o_proj 1024 0.164 (1.04x) [0.203]; kda qkv 1024 0.459 (0.97x) [0.563]; kda qkv
 128 0.094 [0.104]. 128 x 64 loses from 1024 tokens (smem-bound: 0.736 at o_proj 4096) but wins
 at o_proj 128 (112 tiles: 0.031 vs the pointer kernel's 0.040) in a graph; eager, a launch costs
-~150 us of host time there (0.16 ms), hence ptpc_fp8_config's rule.
+~130-160 us of host time there (0.16 ms), hence ptpc_fp8_config's rule. Of that, the three
+descriptors took 37.5 us before their shared layouts were cached (5-10 us since); a launch of
+the compiled kernel with prebuilt descriptors takes 16-23 us, the rest is Triton's JIT dispatch
+and the op's checks. A cache of compiled kernels per specialization key that skipped the
+dispatch was correct but measured -36 us in one run and +6 us in the next: not kept.
 
 Limits (ValueError otherwise): NVIDIA sm_90 only (wgmma, TMA and setmaxnreg are Hopper's: AMD
 keeps the Triton kernel of atomk31/triton_kernels/ptpc_fp8.py); e4m3fn operands, 16-byte aligned
@@ -322,11 +326,17 @@ def compile_examples(target: object) -> list:
     return examples
 
 
+@functools.lru_cache(maxsize=None)
+def shared_layout(block_shape: tuple[int, ...], dtype: torch.dtype) -> gl.NVMMASharedLayout:
+    """The swizzled shared layout of a TMA box: ~7 us to build on the host, so built once."""
+    return gl.NVMMASharedLayout.get_default_for(list(block_shape),
+                                                GL_DTYPES.get(dtype, gl.float8e4nv))
+
+
 def descriptor(t: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
     """A TMA descriptor of 2-D ``t`` in ``block_shape`` boxes (zero padding out of bounds)."""
-    layout = gl.NVMMASharedLayout.get_default_for(block_shape, GL_DTYPES.get(t.dtype,
-                                                                              gl.float8e4nv))
-    return TensorDescriptor.from_tensor(t, block_shape, layout)
+    return TensorDescriptor.from_tensor(t, block_shape, shared_layout(tuple(block_shape),
+                                                                      t.dtype))
 
 
 def check_operands(a: torch.Tensor, w_q: torch.Tensor, a_scale: torch.Tensor,

@@ -165,7 +165,7 @@ HOPPER_WS_CONFIG = GemmConfig(128, 128, 128, num_warps=4, num_stages=4, promote_
 # Hopper (sm_90): the Gluon kernel (gluon_kernels/ptpc_fp8_hopper.py: a TMA producer warp, two
 # consumer warpgroups promoting each wgmma partial under the next one, persistent grid, the
 # epilogue under the next tile's first wgmma) from HOPPER_GLUON_MIN_M tokens (None: never) where
-# its 128 x 128 tiles cover the SMs, K spans >= 8 K tiles and the GEMM has >= HOPPER_GLUON_MIN_FLOP
+# its 128 x 128 tiles cover the SMs and the GEMM has >= HOPPER_GLUON_MIN_FLOP
 # (operands it cannot take fall back to the pointer kernel in ptpc_fp8). H200 session 5, round 1
 # (graph ms vs torch._scaled_mm in the same run, equal accuracy: e/bnd 0.76 like the Triton
 # kernels): o_proj M = 4096 0.592 (0.98x; 0.579 without the overlapped epilogue) vs the lag2
@@ -173,28 +173,35 @@ HOPPER_WS_CONFIG = GemmConfig(128, 128, 128, num_warps=4, num_stages=4, promote_
 # 1024 0.164 (1.04x) vs 0.203; kda qkv 1024 0.459 (0.97x) vs 0.563; kda qkv 128 (288 tiles)
 # 0.094 (0.96x, without the overlap) vs 0.104. The floors: a launch through Gluon's JIT cost ~150
 # us of host time (o_proj M = 128, eager: 0.16 ms for a 0.03 ms kernel; the Triton pointer kernel
-# 0.05), so small GEMMs stay on the Triton kernels, whose launch is cheaper; kv_b's K = 512 (4
-# K tiles per tile) was not measured.
+# 0.05), so small GEMMs stay on the Triton kernels, whose launch is cheaper. Below
+# HOPPER_GLUON_MIN_K (kv_b's K = 512: 4 K tiles a tile) the overlapped epilogue does not pay:
+# kv_b M = 4096, final round and the last call, 0.132-0.135 ms (1.02-1.03x) without it,
+# 0.152-0.154 (0.89-0.90x) with it, the lag2 TMA kernel 0.231 (0.60x).
 HOPPER_GLUON_MIN_M: int | None = 128
 HOPPER_GLUON_MIN_K = 1024
 HOPPER_GLUON_MIN_FLOP = 5e10
 HOPPER_GLUON_CONFIG = GemmConfig(128, 128, 128, num_stages=4, persistent=True,
                                  kernel="gluon_hopper", overlap_epilogue=True)
+HOPPER_GLUON_SHORT_K_CONFIG = dataclasses.replace(HOPPER_GLUON_CONFIG, overlap_epilogue=False)
 
 
-def takes_gluon_on_hopper(m: int, n: int, k: int, target: GemmTarget) -> bool:
-    """HOPPER_GLUON_CONFIG's rule (above)."""
-    return target.has_tma_ws and HOPPER_GLUON_MIN_M is not None and m >= HOPPER_GLUON_MIN_M \
-        and k >= HOPPER_GLUON_MIN_K and 2 * m * n * k >= HOPPER_GLUON_MIN_FLOP and \
-        triton.cdiv(m, HOPPER_GLUON_CONFIG.block_m) * \
-        triton.cdiv(n, HOPPER_GLUON_CONFIG.block_n) >= target.num_sms
+def gluon_config_on_hopper(m: int, n: int, k: int, target: GemmTarget) -> GemmConfig | None:
+    """HOPPER_GLUON_CONFIG's rule (above), or HOPPER_GLUON_SHORT_K_CONFIG below
+    HOPPER_GLUON_MIN_K; None where the Triton kernels run."""
+    if not (target.has_tma_ws and HOPPER_GLUON_MIN_M is not None and m >= HOPPER_GLUON_MIN_M
+            and 2 * m * n * k >= HOPPER_GLUON_MIN_FLOP
+            and triton.cdiv(m, HOPPER_GLUON_CONFIG.block_m)
+            * triton.cdiv(n, HOPPER_GLUON_CONFIG.block_n) >= target.num_sms):
+        return None
+    return HOPPER_GLUON_CONFIG if k >= HOPPER_GLUON_MIN_K else HOPPER_GLUON_SHORT_K_CONFIG
 
 
 def pick_config_for_target(m: int, n: int, k: int, target: GemmTarget) -> GemmConfig:
     """The launcher's tile choice on a given target (tests check the AMD choices without the
     driver)."""
-    if takes_gluon_on_hopper(m, n, k, target):
-        return HOPPER_GLUON_CONFIG
+    gluon_config = gluon_config_on_hopper(m, n, k, target)
+    if gluon_config is not None:
+        return gluon_config
     if target.has_tma_ws and HOPPER_TMA_MIN_M is not None and m >= HOPPER_TMA_MIN_M and \
             triton.cdiv(m, HOPPER_TMA_CONFIG.block_m) * \
             triton.cdiv(n, HOPPER_TMA_CONFIG.block_n) >= target.num_sms:

@@ -116,16 +116,19 @@ def test_ptpc_linear_refuses_gluon_tiles_it_does_not_have(monkeypatch, fields, m
     (128, 7168, 12288, False),        # o_proj: 56 tiles, fewer than the SMs
     (1024, 576, 7168, False),         # kv_a: 40 tiles
     (128, 18432, 1536, False),        # q_b: 7 GFLOP (the Gluon launch's host time would show)
-    (4096, 24576, 512, False),        # kv_b: K = 512, 4 K tiles a tile
+    (4096, 24576, 512, "short K"),    # kv_b: K = 512, 4 K tiles a tile: no overlapped epilogue
+    (1024, 24576, 512, False),        # kv_b: 26 GFLOP
     (64, 36864, 7168, False),         # below HOPPER_GLUON_MIN_M
 ])
 def test_pick_config_takes_gluon_on_hopper_for_large_gemms(m, n, k, uses_gluon):
     from atomk31.triton_kernels.ptpc_fp8_config import (
-        HOPPER_GLUON_CONFIG, GemmTarget, pick_config_for_target,
+        HOPPER_GLUON_CONFIG, HOPPER_GLUON_SHORT_K_CONFIG, GemmTarget, pick_config_for_target,
     )
 
     hopper_target = GemmTarget(num_sms=132, is_amd=False, has_tma_ws=True)
-    assert (pick_config_for_target(m, n, k, hopper_target) == HOPPER_GLUON_CONFIG) == uses_gluon
+    expected = {True: HOPPER_GLUON_CONFIG, "short K": HOPPER_GLUON_SHORT_K_CONFIG}.get(uses_gluon)
+    chosen = pick_config_for_target(m, n, k, hopper_target)
+    assert chosen == expected if expected is not None else chosen.kernel == "triton"
     for other in (GemmTarget(132, False), GemmTarget(304, True)):   # not Hopper: never
         assert pick_config_for_target(m, n, k, other).kernel == "triton"
 
