@@ -101,7 +101,6 @@ def gate_up_rows(z_ptr, stride_z, tokens, m_m, h_row0, i_e, i_n, packed_ptr, sca
                   DOT_FP32: tl.constexpr, LOOP_STAGES: tl.constexpr, WORD_DECODE: tl.constexpr):
     """h rows h_row0 .. h_row0 + BLOCK_M - 1, columns of program i_n: SiTU-GLU of the gate and
     up products of expert i_e with the activation rows `tokens` (masked by m_m)."""
-    o_m = tl.arange(0, BLOCK_M)
     p_rows = z_ptr + tokens.to(tl.int64) * stride_z
     STRIDE_PACKED: tl.constexpr = DL // PACKED_INPUTS
     STRIDE_SCALES: tl.constexpr = DL // 32
@@ -125,6 +124,17 @@ def gate_up_rows(z_ptr, stride_z, tokens, m_m, h_row0, i_e, i_n, packed_ptr, sca
                                          p_gate_scales, p_up_packed, p_up_scales, k0,
                                          STRIDE_PACKED, STRIDE_SCALES, BLOCK_M, BLOCK_N,
                                          BLOCK_K, MODE, DOT_FP32, WORD_DECODE)
+    store_gate_up(b_gate, b_up, h_ptr, h_row0, m_m, i_n, beta, linear_beta, F, HAS_LINEAR_CAP,
+                  BLOCK_M, BLOCK_N, BLOCK_K, MODE, WORD_DECODE)
+
+
+@triton.jit
+def store_gate_up(b_gate, b_up, h_ptr, h_row0, m_m, i_n, beta, linear_beta, F: tl.constexpr,
+                  HAS_LINEAR_CAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, MODE: tl.constexpr, WORD_DECODE: tl.constexpr):
+    """h rows h_row0 .. h_row0 + BLOCK_M - 1 (masked by m_m), columns of program i_n: SiTU-GLU
+    of the K loop's gate and up accumulators (in MODE's layout)."""
+    o_m = tl.arange(0, BLOCK_M)
     if MODE == "dot_t" or MODE == "dot_t_words":
         b_gate = tl.trans(b_gate)
         b_up = tl.trans(b_up)

@@ -204,8 +204,31 @@ def _words_tile_weights(p_words, p_scales, k0, STRIDE_WORDS: tl.constexpr,
     b_words = tl.reshape(tl.load(p_words + o_n[:, None] * STRIDE_WORDS + o_kw[None, :]),
                          (BLOCK_N, 4, Q))
     b_scales = tl.load(p_scales + o_n[:, None] * STRIDE_SCALES + o_g[None, :]).to(tl.int32)
+    return decode_words_tile(b_words, b_scales, BLOCK_N, BLOCK_K, WORD_DECODE)
+
+
+@triton.jit
+def load_words_tile(p_words, k0, STRIDE_WORDS: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
+    """The packed words of rows p_words[0 .. BLOCK_N-1] for inputs k0 .. k0 + BLOCK_K, as int32
+    [BLOCK_N, 4 (c), BLOCK_K / 32 (q)], as _words_tile_weights loads them (there inline, beside
+    its scale load: that order is the measured GEMV's)."""
+    Q: tl.constexpr = BLOCK_K // 32
+    WORDS: tl.constexpr = BLOCK_K // 8
+    o_n = tl.arange(0, BLOCK_N)
+    o_kw = tl.multiple_of(k0 // 8, WORDS) + tl.arange(0, WORDS)
+    return tl.reshape(tl.load(p_words + o_n[:, None] * STRIDE_WORDS + o_kw[None, :]),
+                      (BLOCK_N, 4, Q))
+
+
+@triton.jit
+def decode_words_tile(b_words, b_scales, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      WORD_DECODE: tl.constexpr):
+    """Words [BLOCK_N, 4, Q] and their E8M0 bytes int32 [BLOCK_N, BLOCK_K / 32] -> the weights
+    [BLOCK_N, BLOCK_K] in word order (see _words_tile_weights; WORD_DECODE as there)."""
+    Q: tl.constexpr = BLOCK_K // 32  # also the tile's scale groups (32 inputs each)
     # Word w = 4 g + r of the tile is in group g: [N, G] -> [N, G, 4] -> [N, 4 (c), Q].
-    b_scales = tl.reshape(tl.broadcast_to(b_scales[:, :, None], (BLOCK_N, GROUPS, 4)),
+    b_scales = tl.reshape(tl.broadcast_to(b_scales[:, :, None], (BLOCK_N, Q, 4)),
                           (BLOCK_N, 4, Q))
     if WORD_DECODE == "ptx" or WORD_DECODE == "ptx_one_factor":
         b_p0, b_p1, b_p2, b_p3 = e2m1_word_pairs_scaled_ptx(b_words, b_scales,

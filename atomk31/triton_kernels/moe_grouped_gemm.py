@@ -283,6 +283,7 @@ def moe_experts_mxfp4_triton(
     fp8_down_activations: bool = False,
     one_factor_exact: bool = False,
     words: bool | None = None,
+    scales_ahead: bool = True,
 ) -> torch.Tensor:
     """z: [T, Dl]; topk_weights fp32 / topk_ids int32 [T, k]; w13 [E, 2F, Dl/2] + [E, 2F,
     Dl/32]; w2 [E, Dl, F/2] + [E, Dl, F/32] (uint8) -> u fp32 [T, Dl].
@@ -294,7 +295,7 @@ def moe_experts_mxfp4_triton(
     promise (ops/moe.py) that lets BF16 word decodes multiply once per weight pair. words
     (None: default_words; no dot_scaled / fp8 down): the grouped GEMMs of
     moe_grouped_words.py, the weights decoded 8 nibbles per word into the product's first
-    operand."""
+    operand; scales_ahead: their K loops load each step's scale bytes a step early."""
     num_experts, two_f, half_latent = w13_packed.shape
     latent_size, intermediate_size = 2 * half_latent, two_f // 2
     _check(z, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed, w2_scales,
@@ -342,7 +343,8 @@ def moe_experts_mxfp4_triton(
             z, topk_weights, blocks, w13_packed, w13_scales, w2_packed, w2_scales, beta,
             linear_beta, u, block_m=block_m, block_n=block_n, block_k=block_k,
             num_warps=num_warps, num_stages=num_stages, backend=backend,
-            on_interpreter=on_interpreter, one_factor_exact=one_factor_exact)
+            on_interpreter=on_interpreter, one_factor_exact=one_factor_exact,
+            scales_ahead=scales_ahead)
     num_rows = blocks.num_blocks_max * block_m
     hidden = torch.empty((num_rows, intermediate_size), device=z.device,
                          dtype=torch.float8_e4m3fn if fp8_down_activations else z.dtype)

@@ -93,17 +93,21 @@ def variants(num_tokens: int, quick: bool) -> dict[str, tuple[str, dict]]:
                       "grouped bm16 n64 k128": (GROUPED, dict(block_m=16, block_n=64,
                                                               block_k=128))}
     elif num_tokens >= 4096:
-        # Default (session 5): the word-decode grouped GEMMs, 128 x 128 tiles on 8 warps.
-        # k256: the K tile's 8 scale bytes per row go through cp.async; with k128 each thread
-        # loads 2 bytes with a plain LDG (not pipelined: 2 per K step in the loop's SASS).
-        cases |= {"grouped bytes (s4 default)": (GROUPED, dict(words=False)),
-                  "grouped words n128 k256 s2": (GROUPED, dict(words=True, block_m=128,
-                                                                 block_n=128, block_k=256,
-                                                                 num_warps=8, num_stages=2))}
+        # Default (session 5): the word-decode grouped GEMMs, 128 x 128 tiles on 8 warps, each
+        # K step's scale bytes loaded a step early and carried in registers ("scales ahead",
+        # moe_grouped_words.py). "scales in step": the first form, 12.7 ms, whose k128 loop
+        # loads each thread's 2 scale bytes per K step with a plain LDG (too small for
+        # cp.async) ~40 instructions before their use. k256 (the scales through cp.async):
+        # 13.1 ms, full bench only with the byte decode and n64.
+        cases["grouped words scales in step"] = (GROUPED, dict(words=True, scales_ahead=False))
         if not quick:
-            cases["grouped words n64 k128 s2"] = (GROUPED, dict(words=True, block_m=128,
-                                                                block_n=64, block_k=128,
-                                                                num_warps=4, num_stages=2))
+            cases |= {"grouped bytes (s4 default)": (GROUPED, dict(words=False)),
+                      "grouped words n128 k256 s2": (GROUPED, dict(words=True, block_m=128,
+                                                                   block_n=128, block_k=256,
+                                                                   num_warps=8, num_stages=2)),
+                      "grouped words n64 k128 s2": (GROUPED, dict(words=True, block_m=128,
+                                                                  block_n=64, block_k=128,
+                                                                  num_warps=4, num_stages=2))}
     return cases
 
 

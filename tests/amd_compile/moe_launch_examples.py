@@ -106,17 +106,21 @@ def moe_experts_gemv(mode: str | None, num_tokens: int = 3, gather_rows: bool = 
     return run
 
 
-def moe_experts_grouped_words() -> None:
+def moe_experts_grouped_words(scales_ahead: bool) -> Callable[[], None]:
     """The word-decode grouped GEMMs (moe_grouped_words.py) through the grouped launcher, with
-    the one-multiply decode (weights whose scale bytes allow it). 64-row tiles, 2 stages: the
+    the one-multiply decode (weights whose scale bytes allow it); ``scales_ahead`` (the
+    default): each K step's scale bytes loaded a step early. 64-row tiles, 2 stages: the
     128-row 3-stage tile needs 69.6 KB of LDS, over the AMD 64 KB limit."""
-    from atomk31.triton_kernels.moe_grouped_gemm import moe_experts_mxfp4_triton
+    def run() -> None:
+        from atomk31.triton_kernels.moe_grouped_gemm import moe_experts_mxfp4_triton
 
-    topk_ids = torch.tensor([[0, 1], [2, 3], [1, 0], [3, 2], [0, 2]], dtype=torch.int32)
-    z = torch.randn(topk_ids.shape[0], 256, dtype=torch.bfloat16)
-    moe_experts_mxfp4_triton(z, torch.rand(topk_ids.shape), topk_ids, *_mxfp4_experts(), 10.0,
-                             10.0, small_batch=False, words=True, block_m=64, block_n=64,
-                             block_k=128, num_stages=2, one_factor_exact=True)
+        topk_ids = torch.tensor([[0, 1], [2, 3], [1, 0], [3, 2], [0, 2]], dtype=torch.int32)
+        z = torch.randn(topk_ids.shape[0], 256, dtype=torch.bfloat16)
+        moe_experts_mxfp4_triton(z, torch.rand(topk_ids.shape), topk_ids, *_mxfp4_experts(),
+                                 10.0, 10.0, small_batch=False, words=True, block_m=64,
+                                 block_n=64, block_k=128, num_stages=2, one_factor_exact=True,
+                                 scales_ahead=scales_ahead)
+    return run
 
 
 MOE_EXAMPLES: dict[str, Callable[[], None]] = {
@@ -136,5 +140,6 @@ MOE_EXAMPLES: dict[str, Callable[[], None]] = {
     "moe_experts_mxfp4[gemv 1 token]": moe_experts_gemv(None, num_tokens=1),
     "moe_experts_mxfp4[gemv words one factor]": moe_experts_gemv("dot_t_words",
                                                                  one_factor_exact=True),
-    "moe_experts_mxfp4[grouped words]": moe_experts_grouped_words,
+    "moe_experts_mxfp4[grouped words]": moe_experts_grouped_words(scales_ahead=True),
+    "moe_experts_mxfp4[grouped words, scales in step]": moe_experts_grouped_words(False),
 }

@@ -43,6 +43,19 @@ def test_moe_grouped_words_fp32_matches_torch(linear_beta, block_m):
     assert_relative_close("u", u, expected, 1e-5)
 
 
+def test_moe_grouped_words_scales_ahead_equals_the_default_loop():
+    # Dl 384 / F 256 at block_k 128: 3 and 2 K steps, so the scales carried a step ahead
+    # (and the last step's unused in-bounds reload) are exercised in both kernels.
+    x, topk_weights, topk_ids, weights = moe_case(24, 4, 2, 256, 384, seed=44)
+    expected = moe_experts_mxfp4_torch(x, topk_weights, topk_ids, *weights, 4.0, 25.0)
+    knobs = dict(small_batch=False, words=True, block_m=16, block_n=32, block_k=128)
+    u_loop = moe_experts_mxfp4_triton(x, topk_weights, topk_ids, *weights, 4.0, 25.0, **knobs)
+    u_ahead = moe_experts_mxfp4_triton(x, topk_weights, topk_ids, *weights, 4.0, 25.0,
+                                       scales_ahead=True, **knobs)
+    assert_relative_close("u", u_ahead, expected, 1e-5)
+    assert torch.equal(u_ahead, u_loop)
+
+
 def test_moe_grouped_words_is_the_default_for_bf16_on_nvidia_at_128_pairs_per_block():
     bf16 = torch.bfloat16
     assert default_words(128, bf16, "cuda", False, False)
@@ -64,9 +77,12 @@ def test_moe_grouped_words_rejects_what_it_lacks():
                                  small_batch=False, words=True, block_n=96)
 
 
-# bench_moe's grouped-words configurations at 4096 tokens: the default and the k256 variant.
+# bench_moe's grouped-words configurations at 4096 tokens: the default, the scales a K step
+# ahead and the k256 variant.
 GROUPED_WORDS_GPU = {
     "T4096-n128-k128-w8": (4096, dict(block_m=128, block_n=128, block_k=128, num_warps=8)),
+    "T4096-n128-k128-w8-ahead": (4096, dict(block_m=128, block_n=128, block_k=128,
+                                            num_warps=8, scales_ahead=True)),
     "T4096-n128-k256-w8-s2": (4096, dict(block_m=128, block_n=128, block_k=256, num_warps=8,
                                          num_stages=2)),
 }
@@ -88,11 +104,13 @@ def test_moe_grouped_words_proxy_shapes_gpu(case, proxy_case):
 
 
 @pytest.mark.gpu
-def test_moe_grouped_words_fp32_is_exact_gpu():
+@pytest.mark.parametrize("scales_ahead", [False, True], ids=["loop", "ahead"])
+def test_moe_grouped_words_fp32_is_exact_gpu(scales_ahead):
     x, topk_weights, topk_ids, weights = moe_case(200, 16, 4, 256, 512, seed=42)
     expected = moe_experts_mxfp4_torch(x, topk_weights, topk_ids, *weights, 4.0, 25.0)
     u = moe_experts_mxfp4_triton(x, topk_weights, topk_ids, *weights, 4.0, 25.0,
-                                 small_batch=False, words=True, one_factor_exact=True)
+                                 small_batch=False, words=True, one_factor_exact=True,
+                                 scales_ahead=scales_ahead)
     assert_relative_close("u", u, expected, 1e-5)
 
 
