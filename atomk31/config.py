@@ -225,6 +225,9 @@ class EngineConfig:
     snapshot_fraction: float = 0.1      # share of the cache budget kept for KDA prefix snapshots
     max_num_waiting: int = 1024         # beyond this the server answers 503
     seed: int = 0
+    # decode steps run eagerly, never from CUDA graphs (engine/cuda_graphs.py): for debugging
+    # and profiling a step's kernels one by one
+    enforce_eager: bool = False
     # PTPC-FP8 online quantization of BF16 linears at load (§6.5), ATOM's JSON shape:
     # {"global_quant_config": "ptpc_fp8", "exclude_layer": [...]}; None = weights as stored
     online_quant_config: dict | None = None

@@ -335,15 +335,18 @@ def moe_experts_mxfp4_flydsl(
     h_bytes = torch.empty(num_pairs, intermediate_size, dtype=torch.uint8, device=z.device)
     h_scales = torch.empty(num_pairs, intermediate_size // MX_BLOCK, dtype=torch.uint8,
                            device=z.device)
+    # torch's current stream, not FlyDSL's default: the engine captures decode steps into
+    # CUDA (HIP) graphs on a side stream
+    stream = fx.Stream(torch.cuda.current_stream(z.device))
     launch_gate_up_situ(
         z_values.view(torch.uint8).view(torch.int64), z_scales, pair_tokens, tile_experts,
         w13_packed.contiguous().view(torch.int64), w13_scales.contiguous(), h_bytes, h_scales,
         num_tiles, intermediate_size // TILE_COLUMNS, latent_size, intermediate_size,
-        float(beta), float(linear_beta or 0.0))
+        float(beta), float(linear_beta or 0.0), stream)
     y = torch.empty(num_pairs, latent_size, dtype=torch.float32, device=z.device)
     launch_down(h_bytes.view(torch.int64), h_scales, pair_weights, tile_experts,
                 w2_packed.contiguous().view(torch.int64), w2_scales.contiguous(), y,
-                num_tiles, latent_size // TILE_COLUMNS, latent_size, intermediate_size)
+                num_tiles, latent_size // TILE_COLUMNS, latent_size, intermediate_size, stream)
     valid = pair_tokens >= 0
     return out.index_add_(0, pair_tokens[valid].long(), y[valid])
 

@@ -210,9 +210,12 @@ def sparse_mla_flydsl(
     rows = latent_cache.view(-1, LATENT_DIM)
     num_head_groups = -(-num_heads // HEADS_PER_GROUP)
     row_bytes = rows.view(torch.uint8)
+    # torch's current stream, not FlyDSL's default: the engine captures decode steps into
+    # CUDA (HIP) graphs on a side stream
     launch_sparse_mla(q_words, q_scales, row_bytes.view(torch.int64), row_bytes,
                       slots.to(torch.int32).contiguous(), out, lse, num_rows, num_head_groups,
-                      num_heads, num_selected, float(latent_scale))
+                      num_heads, num_selected, float(latent_scale),
+                      fx.Stream(torch.cuda.current_stream(q.device)))
     return out, lse
 
 

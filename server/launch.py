@@ -84,6 +84,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-enable-prefix-caching", "--no_enable_prefix_caching",
                         dest="enable_prefix_caching", action="store_false",
                         help="turn prefix caching off")
+    parser.add_argument("--enforce-eager", "--enforce_eager", dest="enforce_eager",
+                        action="store_true", default=DEFAULTS.enforce_eager,
+                        help="run decode steps eagerly, never from CUDA graphs (debugging, "
+                             "profiling)")
 
 
 def engine_config_from_args(args: argparse.Namespace, model: str) -> EngineConfig:
@@ -96,6 +100,7 @@ def engine_config_from_args(args: argparse.Namespace, model: str) -> EngineConfi
         index_cache_dtype=args.index_cache_dtype, device=args.device,
         gpu_memory_utilization=args.gpu_memory_utilization,
         kv_cache_memory=args.kv_cache_memory, max_num_waiting=args.max_num_waiting,
+        enforce_eager=args.enforce_eager,
         online_quant_config=_json_object(args.online_quant_config, "--online-quant-config"))
 
 

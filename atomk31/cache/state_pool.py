@@ -68,23 +68,28 @@ class KDAStateSpec:
 
 
 class KDAStatePool:
-    """`num_slots` KDA states on `device`, handed out zeroed, one per request or snapshot.
+    """`num_slots` KDA states on `device`, handed out zeroed, one per request or snapshot,
+    and `num_scratch_slots` more that are never handed out (slots num_slots.. : the padding
+    rows of CUDA-graph decode steps write there).
 
-    conv:      [num_kda_layers, num_slots, 3, Kc-1, C] conv_dtype
-    recurrent: [num_kda_layers, num_slots, H, K, V] state_dtype
+    conv:      [num_kda_layers, num_slots + num_scratch_slots, 3, Kc-1, C] conv_dtype
+    recurrent: [num_kda_layers, num_slots + num_scratch_slots, H, K, V] state_dtype
     """
 
-    def __init__(self, spec: KDAStateSpec, num_slots: int, device: torch.device | str) -> None:
-        if num_slots < 0:
-            raise ValueError(f"num_slots must be >= 0, got {num_slots}")
+    def __init__(self, spec: KDAStateSpec, num_slots: int, device: torch.device | str,
+                 num_scratch_slots: int = 0) -> None:
+        if num_slots < 0 or num_scratch_slots < 0:
+            raise ValueError(f"num_slots and num_scratch_slots must be >= 0, got {num_slots} "
+                             f"and {num_scratch_slots}")
         self.spec = spec
         self.num_slots = num_slots
-        layers = spec.num_kda_layers
+        self.num_scratch_slots = num_scratch_slots
+        layers, total = spec.num_kda_layers, num_slots + num_scratch_slots
         self.conv = torch.zeros(
-            layers, num_slots, *spec.conv_shape, dtype=spec.conv_dtype, device=device
+            layers, total, *spec.conv_shape, dtype=spec.conv_dtype, device=device
         )
         self.recurrent = torch.zeros(
-            layers, num_slots, *spec.recurrent_shape, dtype=spec.state_dtype, device=device
+            layers, total, *spec.recurrent_shape, dtype=spec.state_dtype, device=device
         )
         self._free_slots: deque[int] = deque(range(num_slots))
         self._is_used = [False] * num_slots
@@ -111,6 +116,12 @@ class KDAStatePool:
         self.conv[:, slot].zero_()
         self.recurrent[:, slot].zero_()
         return slot
+
+    def scratch_slot(self, i: int = 0) -> int:
+        """The index of scratch slot `i` (never handed out, never checked)."""
+        if not 0 <= i < self.num_scratch_slots:
+            raise ValueError(f"scratch slot must be in 0..{self.num_scratch_slots - 1}, got {i}")
+        return self.num_slots + i
 
     def free(self, slot: int) -> None:
         self._check_used(slot)

@@ -26,7 +26,8 @@ class LLM:
                  kv_cache_dtype: str = "auto", index_cache_dtype: str = "fp8",
                  device: str | None = None, gpu_memory_utilization: float = 0.9,
                  kv_cache_memory: int | None = None, snapshot_fraction: float = 0.1,
-                 online_quant_config: dict | None = None, seed: int = 0):
+                 online_quant_config: dict | None = None, seed: int = 0,
+                 enforce_eager: bool = False):
         options = EngineConfig(
             model=str(model), block_size=block_size, kernel_backend=kernel_backend, dtype=dtype,
             max_model_len=max_model_len, max_num_seqs=max_num_seqs,
@@ -35,7 +36,7 @@ class LLM:
             index_cache_dtype=index_cache_dtype, device=device,
             gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory=kv_cache_memory,
             snapshot_fraction=snapshot_fraction, online_quant_config=online_quant_config,
-            seed=seed)
+            seed=seed, enforce_eager=enforce_eager)
         self.engine = LLMEngine(options)
 
     @property

@@ -21,6 +21,7 @@ from atomk31.cache import (
 )
 from atomk31.checkpoint import Tokenizer, load_checkpoint
 from atomk31.config import EngineConfig, ModelConfig, ResolvedEngineConfig
+from atomk31.engine.cuda_graphs import GRAPH_BATCH_SIZES, DecodeGraphs
 from atomk31.engine.model_runner import ModelRunner
 from atomk31.engine.outputs import RequestMetrics, RequestOutput
 from atomk31.engine.sampling_params import SamplingParams
@@ -82,15 +83,21 @@ class LLMEngine:
             conv_channels=mc.kda_num_heads * mc.kda_head_dim,
             # the conv history is BF16 in the engine (§4.4); float32 compute keeps it exact
             conv_dtype=rc.compute_dtype)
-        plan = plan_cache(self._cache_budget(options), layout, state_spec, options.max_num_seqs,
-                          rc.max_model_len, options.snapshot_fraction)
+        # CUDA-graph decode (engine/cuda_graphs.py) needs a scratch block and KDA state slot
+        # for its padding rows, outside the pools and paid from the budget; the torch backend
+        # stays eager (its ops read the device from the host)
+        graphs = (self.device.type == "cuda" and not options.enforce_eager
+                  and options.kernel_backend != "torch")
+        scratch_bytes = layout.row_bytes + state_spec.bytes_per_slot() if graphs else 0
+        plan = plan_cache(self._cache_budget(options) - scratch_bytes, layout, state_spec,
+                          options.max_num_seqs, rc.max_model_len, options.snapshot_fraction)
         logger.info("cache: %d blocks of %d tokens, %d state slots, %d snapshot slots",
                     plan.num_blocks, options.block_size, plan.num_state_slots,
                     plan.num_snapshot_slots)
-        self.kv_pool = layout.allocate(plan.num_blocks, self.device)
+        self.kv_pool = layout.allocate(plan.num_blocks + int(graphs), self.device)
         kv_views = [layout.layer_view(self.kv_pool, i) for i in range(len(mc.mla_layer_ids))]
         self.state_pool = KDAStatePool(state_spec, plan.num_state_slots + plan.num_snapshot_slots,
-                                       self.device)
+                                       self.device, num_scratch_slots=int(graphs))
         self.block_pool = BlockPool(plan.num_blocks, options.block_size,
                                     options.enable_prefix_caching)
         self.snapshots = SnapshotIndex(self.state_pool, plan.num_snapshot_slots
@@ -99,6 +106,14 @@ class LLMEngine:
                                    options.max_num_seqs, options.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, kv_views, self.state_pool, options.block_size,
                                   self.device, self.stop_checker.suppressed_token_ids)
+        if graphs:
+            self.runner.graphs = DecodeGraphs(
+                self.runner.forward, options.block_size,
+                max_batch=min(options.max_num_seqs, GRAPH_BATCH_SIZES[-1]),
+                max_context=rc.max_model_len,
+                split_points=[mc.index_topk] if mc.has_indexer else [],
+                scratch_block=plan.num_blocks, scratch_slot=self.state_pool.scratch_slot(),
+                device=self.device, copy_state=self.state_pool.copy)
 
     def _cache_budget(self, options: EngineConfig) -> int:
         if options.kv_cache_memory is not None:

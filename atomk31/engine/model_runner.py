@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 
 from atomk31.cache import KDAStatePool, MLACacheView
+from atomk31.engine.cuda_graphs import DecodeGraphs
 from atomk31.engine.sampler import Sampler
 from atomk31.engine.scheduler import ScheduledSequence
 from atomk31.engine.sequence import Sequence
@@ -29,13 +30,19 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler()
         self.suppressed_token_ids = suppressed_token_ids   # EOS / stops before min_tokens
+        self.graphs: DecodeGraphs | None = None             # set by the engine on a GPU
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """The model over one batch with this runner's caches: logits of batch.logits_indices."""
+        return self.model.forward(batch, self.kv_views, self.state_pool.conv,
+                                  self.state_pool.recurrent)
 
     def run(self, scheduled: list[ScheduledSequence]) -> list[tuple[ScheduledSequence, int, object]]:
         """Run one step; -> (item, sampled token id, logprobs info) for each item whose last
         token was computed this step (a finished prefill or a decode)."""
-        batch = self.prepare(scheduled)
-        logits = self.model.forward(batch, self.kv_views, self.state_pool.conv,
-                                    self.state_pool.recurrent)
+        logits = self.graphs.run(scheduled) if self.graphs is not None else None
+        if logits is None:
+            logits = self.forward(self.prepare(scheduled))
         sampling = [item for item in scheduled if item.is_last_chunk]
         if not sampling:
             return []

@@ -73,7 +73,17 @@ def indexer_score_amd(
     block_size: int,
     num_positions: int | None = None,
 ) -> torch.Tensor:
-    """`indexer_score` with the Gluon kernel (scaled MFMA on gfx950, CDNA3 MFMA on gfx942)."""
+    """`indexer_score` with the Gluon kernel (scaled MFMA on gfx950, CDNA3 MFMA on gfx942);
+    launches a CUDA (HIP) graph replays take the Triton kernel: the Gluon launcher reads its
+    row-group count back from the device, which a capture cannot do."""
+    from atomk31.triton_kernels.runtime import launches_are_replayed
+
+    if launches_are_replayed():
+        from atomk31.ops.indexer_score import indexer_score_triton
+
+        return indexer_score_triton(q, head_weights, index_values, index_scales, index_format,
+                                    fp8_variant, block_table, row_request, row_position,
+                                    block_size, num_positions=num_positions)
     from gluon_kernels.indexer_score import indexer_score_gluon
 
     return indexer_score_gluon(q, head_weights, index_values, index_scales, index_format,
@@ -127,13 +137,18 @@ def moe_experts_mxfp4_amd(
     one_factor_exact: bool = False,
 ) -> torch.Tensor:
     """`moe_experts_mxfp4`: the FlyDSL kernels when Dl and F are multiples of 128 (K3.1:
-    3584, 3072); other shapes go to the portable implementation. one_factor_exact (the
-    weights' promise, ops/moe.py) only reaches the portable path: FlyDSL decodes its own way."""
+    3584, 3072); other shapes go to the portable implementation, and so do launches a CUDA
+    (HIP) graph replays: the FlyDSL path reads its grid size back from the device, which a
+    capture cannot do. one_factor_exact (the weights' promise, ops/moe.py) only reaches the
+    portable path: FlyDSL decodes its own way."""
     from flydsl_kernels.moe_mxfp4 import check_shapes, moe_experts_mxfp4_flydsl
+
+    from atomk31.triton_kernels.runtime import launches_are_replayed
 
     args = (z, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed, w2_scales, beta,
             linear_beta)
-    if w13_packed.dim() == 3 and check_shapes(w13_packed) is None:
+    if w13_packed.dim() == 3 and check_shapes(w13_packed) is None and \
+            not launches_are_replayed():
         return moe_experts_mxfp4_flydsl(*args)
     return _portable_moe_experts_mxfp4()(*args, one_factor_exact=one_factor_exact)
 

@@ -38,7 +38,7 @@ from atomk31.triton_kernels.ptpc_fp8_config import (  # noqa: F401 (the config A
     split_k_to_fill,
 )
 from atomk31.triton_kernels.ptpc_fp8_tma import can_use_tma, launch_ptpc_gemm_tma, store_scaled
-from atomk31.triton_kernels.runtime import runs_on_interpreter
+from atomk31.triton_kernels.runtime import launches_are_replayed, runs_on_interpreter
 
 # §6.5: the dynamic per-token activation scale floors amax at 1e-12.
 MIN_AMAX = tl.constexpr(1e-12)
@@ -190,11 +190,12 @@ INTERPRETER_PERSISTENT_PROGRAMS = 3
 
 
 def pick_config(m: int, n: int, k: int) -> GemmConfig:
-    """The launcher's tile choice: ``pick_config_for_target`` for the current target (one
-    small config under the interpreter)."""
+    """The launcher's tile choice: ``pick_config_for_target`` for the current target and
+    whether the launch will be replayed from a CUDA graph (one small config under the
+    interpreter)."""
     if runs_on_interpreter(ptpc_gemm_kernel):
         return INTERPRETER_CONFIG
-    return pick_config_for_target(m, n, k, current_target())
+    return pick_config_for_target(m, n, k, current_target(), launches_are_replayed())
 
 
 def ptpc_quantize_triton(

@@ -182,24 +182,52 @@ HOPPER_GLUON_MIN_K = 1024
 HOPPER_GLUON_MIN_FLOP = 5e10
 HOPPER_GLUON_CONFIG = GemmConfig(128, 128, 128, num_stages=4, persistent=True,
                                  kernel="gluon_hopper", overlap_epilogue=True)
-HOPPER_GLUON_SHORT_K_CONFIG = dataclasses.replace(HOPPER_GLUON_CONFIG, overlap_epilogue=False)
+HOPPER_GLUON_NO_OVERLAP_CONFIG = dataclasses.replace(HOPPER_GLUON_CONFIG, overlap_epilogue=False)
 
 
-def gluon_config_on_hopper(m: int, n: int, k: int, target: GemmTarget) -> GemmConfig | None:
-    """HOPPER_GLUON_CONFIG's rule (above), or HOPPER_GLUON_SHORT_K_CONFIG below
-    HOPPER_GLUON_MIN_K; None where the Triton kernels run."""
-    if not (target.has_tma_ws and HOPPER_GLUON_MIN_M is not None and m >= HOPPER_GLUON_MIN_M
-            and 2 * m * n * k >= HOPPER_GLUON_MIN_FLOP
-            and triton.cdiv(m, HOPPER_GLUON_CONFIG.block_m)
-            * triton.cdiv(n, HOPPER_GLUON_CONFIG.block_n) >= target.num_sms):
+# Launches replayed from a CUDA graph (the engine's decode steps, `launches_are_replayed`) cost
+# no host time, so there the rule drops the FLOP floor and takes the Gluon kernel's 128 x 128
+# tiles once they fill HOPPER_GLUON_MIN_FILL of the SMs (one wave or less: without the
+# overlapped epilogue, which has no next tile to hide under), else its 128 x 64 tiles once they
+# do. H200 session 6 (graph ms, against torch._scaled_mm in the same run, the engine's eager
+# choice in brackets): o_proj M = 128 (56 / 112 tiles) 128 x 64 0.0307 = 1.17x (pointer kernel
+# 0.90x), shared down 128 1.28x (0.94x); o_proj 256 (112 tiles) 128 x 128 0.91x (128 x 64
+# 0.77x, pointer 0.52x), shared down 256 0.92x (0.72x, 0.48x), shared gate_up 128 (96 tiles)
+# 0.89x (0.79x, 0.58x); q_b 128 1.04x (TMA lag2 0.78x), kv_b 128 1.03x (0.85x). Eager, the same
+# Gluon launches took 0.14-0.2 ms of host time, which is why eager launches keep the rule above.
+HOPPER_GLUON_NARROW_CONFIG = GemmConfig(128, 64, 128, num_stages=6, persistent=True,
+                                        kernel="gluon_hopper")
+HOPPER_GLUON_MIN_FILL = 0.7
+
+
+def gluon_config_on_hopper(m: int, n: int, k: int, target: GemmTarget,
+                           replayed: bool = False) -> GemmConfig | None:
+    """The Gluon kernel's rule (above) for launches made eagerly or, ``replayed``, from a
+    CUDA graph; None where the Triton kernels run."""
+    if not (target.has_tma_ws and HOPPER_GLUON_MIN_M is not None and m >= HOPPER_GLUON_MIN_M):
         return None
-    return HOPPER_GLUON_CONFIG if k >= HOPPER_GLUON_MIN_K else HOPPER_GLUON_SHORT_K_CONFIG
+    if not replayed and 2 * m * n * k < HOPPER_GLUON_MIN_FLOP:
+        return None
+    wide_tiles = triton.cdiv(m, HOPPER_GLUON_CONFIG.block_m) * \
+        triton.cdiv(n, HOPPER_GLUON_CONFIG.block_n)
+    if wide_tiles >= target.num_sms:
+        return HOPPER_GLUON_CONFIG if k >= HOPPER_GLUON_MIN_K else HOPPER_GLUON_NO_OVERLAP_CONFIG
+    if not replayed:
+        return None
+    if wide_tiles >= HOPPER_GLUON_MIN_FILL * target.num_sms:
+        return HOPPER_GLUON_NO_OVERLAP_CONFIG
+    narrow_tiles = triton.cdiv(m, HOPPER_GLUON_NARROW_CONFIG.block_m) * \
+        triton.cdiv(n, HOPPER_GLUON_NARROW_CONFIG.block_n)
+    if narrow_tiles >= HOPPER_GLUON_MIN_FILL * target.num_sms:
+        return HOPPER_GLUON_NARROW_CONFIG
+    return None
 
 
-def pick_config_for_target(m: int, n: int, k: int, target: GemmTarget) -> GemmConfig:
+def pick_config_for_target(m: int, n: int, k: int, target: GemmTarget,
+                           replayed: bool = False) -> GemmConfig:
     """The launcher's tile choice on a given target (tests check the AMD choices without the
-    driver)."""
-    gluon_config = gluon_config_on_hopper(m, n, k, target)
+    driver); ``replayed``: the launch will be replayed from a CUDA graph."""
+    gluon_config = gluon_config_on_hopper(m, n, k, target, replayed)
     if gluon_config is not None:
         return gluon_config
     if target.has_tma_ws and HOPPER_TMA_MIN_M is not None and m >= HOPPER_TMA_MIN_M and \

@@ -46,7 +46,7 @@ SHAPES = {
     "mla kv_a": (576, 7168),
     "mla kv_b": (24576, 512),
 }
-TOKENS = [1, 16, 128, 1024, 4096]
+TOKENS = [1, 16, 128, 256, 1024, 4096]
 # --quick: o_proj and the largest proxy shape at 4096, 1024 and 128 tokens; the other shapes the
 # Gluon rule takes (shared experts, q_b at its smallest: 58 GFLOP) and kv_b (K = 512: left to the
 # Triton kernels); decode (peer and default); then the host time of a launch. About one compile
@@ -54,6 +54,8 @@ TOKENS = [1, 16, 128, 1024, 4096]
 # 23 s.
 QUICK_CASES = [("o_proj", 4096), ("kda qkv (fused)", 4096), ("o_proj", 1024),
                ("kda qkv (fused)", 1024), ("o_proj", 128), ("kda qkv (fused)", 128),
+               ("shared down", 128), ("shared gate_up", 128), ("mla q_b", 128),
+               ("mla kv_b", 128), ("o_proj", 256), ("shared down", 256),
                ("shared gate_up", 4096), ("shared down", 1024), ("mla q_b", 1024),
                ("mla kv_b", 4096), ("o_proj", 1), ("o_proj", 16), ("kda qkv (fused)", 1),
                ("kda qkv (fused)", 16), ("mla kv_a", 1)]
@@ -285,12 +287,12 @@ def time_quantizing_proxy() -> dict:
             "note": "8 proxy layers, random BF16 weights already on the GPU, no checkpoint I/O"}
 
 
-def run(quick: bool, out_dir: Path | None) -> dict:
+def run(quick: bool, out_dir: Path | None, budget_s: float = QUICK_TIME_BUDGET_S) -> dict:
     from atomk31.quant.ptpc import quantize_weight_ptpc
     from atomk31.triton_kernels.ptpc_fp8 import ptpc_quantize_triton
 
     started = time.perf_counter()
-    deadline = started + QUICK_TIME_BUDGET_S if quick else float("inf")
+    deadline = started + budget_s if quick else float("inf")
     torch.backends.cuda.matmul.allow_tf32 = False        # the fp32 reference stays fp32
     limits = {"copy": measure_copy_bandwidth(), "fp8_matmul": measure_fp8_matmul_rate()}
     print(f"copy {limits['copy'] / 1e12:.2f} TB/s, FP8 _scaled_mm "
@@ -343,9 +345,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help=f"QUICK_CASES in priority order, within {QUICK_TIME_BUDGET_S:.0f} s "
                              f"(then the remaining variants are listed as skipped)")
+    parser.add_argument("--budget-s", type=float, default=QUICK_TIME_BUDGET_S,
+                        help="--quick's time budget in seconds")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    run(args.quick, args.out)
+    run(args.quick, args.out, args.budget_s)
 
 
 if __name__ == "__main__":

@@ -49,25 +49,35 @@ def large_m(n: int, m: int) -> bool:
     return m >= 1024 and ((m + 127) // 128) * ((n + 127) // 128) >= 132
 
 
+def replayed_default(default, m: int, n: int, k: int):
+    """The launcher's choice for a launch replayed from a CUDA graph (the engine's decode steps:
+    ptpc_fp8_config's HOPPER_GLUON_NARROW_CONFIG rule, no FLOP floor)."""
+    from atomk31.triton_kernels.ptpc_fp8_config import current_target, pick_config_for_target
+
+    return pick_config_for_target(m, n, k, current_target(), replayed=True)
+
+
 def hopper_variants(n: int, m: int) -> list[Variant]:
     """From 128 tokens, beside the default (the Gluon kernel where HOPPER_GLUON_CONFIG's rule
-    takes the shape, else the Triton kernels): the other family's default, the Gluon kernel
-    without the overlapped epilogue and (from 4096) in 192 x 128 tiles, and at 128 tokens its
-    128 x 64 tiles (o_proj: 112 tiles; round 1 0.031 ms graph, but 0.16 eager). A variant equal
-    to the default prints "same config as default". Session 5 round 1 measured the rest
-    (128 x 64 from 1024, 5 stages, one program per tile: slower)."""
+    takes the shape, else the Triton kernels): the default of graph-replayed launches, the
+    other family's default, the Gluon kernel without the overlapped epilogue and (from 4096) in
+    192 x 128 tiles, and up to 256 tokens its 128 x 64 tiles (o_proj M = 128: 112 tiles; session
+    5: 0.031 ms graph, 0.06-0.16 eager). A variant equal to the default prints "same config as
+    default". Session 5 round 1 measured the rest (128 x 64 from 1024, 5 stages, one program per
+    tile: slower)."""
     from atomk31.triton_kernels.ptpc_fp8_config import HOPPER_GLUON_CONFIG, HOPPER_TMA_CONFIG
 
     if m < 128:
         return []
     errors = m >= 1024
-    variants = [Variant("tma lag2 128x128 s3", HOPPER_TMA_CONFIG, measure_error=errors),
+    variants = [Variant("replayed default", replayed_default, measure_error=errors),
+                Variant("tma lag2 128x128 s3", HOPPER_TMA_CONFIG, measure_error=errors),
                 Variant("gluon 128x128 s4 ovl", HOPPER_GLUON_CONFIG, measure_error=errors),
                 Variant("gluon 128x128 s4", gluon(), measure_error=errors)]
     if m >= 4096:
         variants.append(Variant("gluon 192x128 s3", gluon(block_m=192, num_stages=3),
                                 measure_error=True))
-    if m == 128:
+    if m <= 256:
         variants.append(Variant("gluon 128x64 s6", gluon(block_n=64, num_stages=6)))
     return variants
 

@@ -16,6 +16,7 @@ class LogitRecorder:
 
     def __init__(self, llm: LLM):
         runner = llm.engine.runner
+        runner.graphs = None        # every step eager: logits of every token, read on the host
         model = runner.model
         self.logits: dict[tuple[str, int], dict[int, torch.Tensor]] = defaultdict(dict)
         self.num_computed: dict[str, int] = defaultdict(int)

@@ -55,6 +55,12 @@ def test_prefix_caching_switch(argv, expected):
     assert parse(argv).enable_prefix_caching is expected
 
 
+@pytest.mark.parametrize("argv, expected", [
+    ([], False), (["--enforce-eager"], True), (["--enforce_eager"], True)])
+def test_enforce_eager_flag_reaches_the_engine_options(argv, expected):
+    assert launch.engine_config_from_args(parse(argv), "/m").enforce_eager is expected
+
+
 def test_building_the_parser_imports_no_torch():
     code = ("import sys, argparse; from server.launch import add_serve_arguments; "
             "add_serve_arguments(argparse.ArgumentParser()); print('torch' in sys.modules)")

@@ -122,15 +122,53 @@ def test_ptpc_linear_refuses_gluon_tiles_it_does_not_have(monkeypatch, fields, m
 ])
 def test_pick_config_takes_gluon_on_hopper_for_large_gemms(m, n, k, uses_gluon):
     from atomk31.triton_kernels.ptpc_fp8_config import (
-        HOPPER_GLUON_CONFIG, HOPPER_GLUON_SHORT_K_CONFIG, GemmTarget, pick_config_for_target,
+        HOPPER_GLUON_CONFIG, HOPPER_GLUON_NO_OVERLAP_CONFIG, GemmTarget, pick_config_for_target,
     )
 
     hopper_target = GemmTarget(num_sms=132, is_amd=False, has_tma_ws=True)
-    expected = {True: HOPPER_GLUON_CONFIG, "short K": HOPPER_GLUON_SHORT_K_CONFIG}.get(uses_gluon)
+    expected = {True: HOPPER_GLUON_CONFIG, "short K": HOPPER_GLUON_NO_OVERLAP_CONFIG}.get(uses_gluon)
     chosen = pick_config_for_target(m, n, k, hopper_target)
     assert chosen == expected if expected is not None else chosen.kernel == "triton"
     for other in (GemmTarget(132, False), GemmTarget(304, True)):   # not Hopper: never
         assert pick_config_for_target(m, n, k, other).kernel == "triton"
+
+
+@pytest.mark.parametrize("m, n, k, expected", [
+    (128, 7168, 12288, "narrow"),     # o_proj: 56 tiles of 128 x 128, 112 of 128 x 64
+    (256, 7168, 6144, "one wave"),    # shared down: 112 tiles of 128 x 128, under 132 SMs
+    (128, 12288, 7168, "one wave"),   # shared gate_up: 96 tiles
+    (128, 18432, 1536, "wide"),       # q_b: 144 tiles, 7 GFLOP: no FLOP floor when replayed
+    (128, 24576, 512, "one wave"),    # kv_b: 192 tiles, but K = 512: no overlap
+    (128, 576, 7168, None),           # kv_a: 9 tiles of 128 x 64
+    (64, 7168, 12288, None),          # below HOPPER_GLUON_MIN_M
+])
+def test_replayed_launches_drop_the_flop_floor_and_take_narrow_tiles(m, n, k, expected):
+    from atomk31.triton_kernels.ptpc_fp8_config import (
+        HOPPER_GLUON_CONFIG, HOPPER_GLUON_NARROW_CONFIG, HOPPER_GLUON_NO_OVERLAP_CONFIG,
+        GemmTarget, pick_config_for_target,
+    )
+
+    hopper = GemmTarget(num_sms=132, is_amd=False, has_tma_ws=True)
+    want = {"narrow": HOPPER_GLUON_NARROW_CONFIG, "wide": HOPPER_GLUON_CONFIG,
+            "one wave": HOPPER_GLUON_NO_OVERLAP_CONFIG}.get(expected)
+    chosen = pick_config_for_target(m, n, k, hopper, replayed=True)
+    assert chosen == want if want is not None else chosen.kernel == "triton"
+    # eager launches keep the FLOP floor: none of these small GEMMs takes Gluon
+    assert pick_config_for_target(m, n, k, hopper).kernel == "triton"
+    assert pick_config_for_target(m, n, k, GemmTarget(132, False), replayed=True).kernel == \
+        "triton"
+
+
+def test_replayed_launches_context():
+    from atomk31.triton_kernels.runtime import launches_are_replayed, replayed_launches
+
+    assert not launches_are_replayed()
+    with replayed_launches():
+        assert launches_are_replayed()
+        with replayed_launches():
+            assert launches_are_replayed()
+        assert launches_are_replayed()
+    assert not launches_are_replayed()
 
 
 def test_gluon_default_falls_back_to_the_pointer_kernel_on_unaligned_rows(monkeypatch):

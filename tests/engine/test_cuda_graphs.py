@@ -1,0 +1,158 @@
+"""CUDA-graph decode (atomk31/engine/cuda_graphs.py).
+
+On CPU: the shape rules, and the padded, bucketed batch a graph replays run eagerly: its real
+rows must give the logits and KDA states of the plain eager step (padding rows touch only the
+scratch block and slot; the bucket's host values change no result). On the GPU: the engine with
+graphs against the same engine with ``enforce_eager``.
+"""
+
+import pytest
+import torch
+
+from atomk31 import LLM, SamplingParams
+from atomk31.engine.cuda_graphs import (
+    GRAPH_BATCH_SIZES, MIN_GRAPH_CONTEXT, DecodeGraphs, DecodeInputs, context_buckets,
+    graph_batch_size,
+)
+
+
+def random_prompts(lengths, seed=0, vocab=768):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.mark.parametrize("requests, max_batch, expected", [
+    (1, 64, 1), (3, 64, 4), (5, 64, 8), (9, 64, 16), (17, 64, 32), (64, 64, 64),
+    (65, 64, None), (300, 512, 304), (513, 1024, None),
+])
+def test_graph_batch_size(requests, max_batch, expected):
+    assert graph_batch_size(requests, max_batch) == expected
+    assert expected is None or expected in GRAPH_BATCH_SIZES
+
+
+def test_context_buckets_include_the_topk_edge_and_the_context_length():
+    assert context_buckets(1000, 16, [64]) == [64, 256, 512, 1008]
+    assert context_buckets(4096, 128, [2048]) == [256, 512, 1024, 2048, 4096]
+    assert context_buckets(300, 512, []) == [512]
+    assert context_buckets(1 << 20, 128, [2048])[-1] == 1 << 20
+    assert min(context_buckets(1 << 20, 128, [])) == MIN_GRAPH_CONTEXT
+
+
+class Item:
+    """A ScheduledSequence stand-in for shape_for."""
+
+    def __init__(self, computed: int, new: int = 1, last: bool = True):
+        self.seq = type("Seq", (), {"num_computed_tokens": computed})()
+        self.num_new_tokens, self.is_last_chunk = new, last
+
+
+def test_shape_for_takes_decode_steps_only():
+    graphs = DecodeGraphs(lambda batch: None, block_size=16, max_batch=8, max_context=1000,
+                          split_points=[64], scratch_block=0, scratch_slot=0,
+                          device=torch.device("cpu"), copy_state=lambda src, dst: None)
+    assert graphs.shape_for([Item(10), Item(63)]) == (2, 64)
+    assert graphs.shape_for([Item(10), Item(64)]) == (2, 256)      # position 64: 65 keys
+    assert graphs.shape_for([Item(999)] * 3) == (4, 1008)
+    assert graphs.shape_for([Item(10)] * 9) is None                # over max_batch
+    assert graphs.shape_for([Item(10), Item(10, new=5)]) is None   # a prefill chunk
+    assert graphs.shape_for([Item(10, last=False)]) is None
+    assert graphs.shape_for([Item(1008)]) is None                  # past the context length
+    assert graphs.shape_for([]) is None
+
+
+def clone_caches(engine) -> list[torch.Tensor]:
+    return [engine.kv_pool.clone(), engine.state_pool.conv.clone(),
+            engine.state_pool.recurrent.clone()]
+
+
+def restore_caches(engine, saved: list[torch.Tensor]) -> None:
+    for target, values in zip((engine.kv_pool, engine.state_pool.conv,
+                               engine.state_pool.recurrent), saved):
+        target.copy_(values)
+
+
+def test_padded_bucketed_batch_equals_the_eager_step(tiny_checkpoint):
+    """Requests on both sides of index_topk (64): dense and sparse buckets, padded to 8."""
+    llm = LLM(tiny_checkpoint, block_size=16, kernel_backend="torch", dtype="float32",
+              kv_cache_dtype="fp32")
+    engine = llm.engine
+    for prompt in random_prompts((5, 40)):
+        engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=40,
+                                                  ignore_eos=True))
+    scratch_block = engine.block_pool.allocate(1)[0]
+    scratch_slot = engine.state_pool.allocate()
+    runner = engine.runner
+    checked = set()
+    while engine.has_unfinished_requests():
+        scheduled = engine.scheduler.schedule()
+        if not all(item.num_new_tokens == 1 for item in scheduled):
+            sampled = runner.run(scheduled)             # a prefill step, eager as ever
+        else:
+            need = max(item.seq.num_computed_tokens for item in scheduled) + 1
+            context = next(c for c in context_buckets(1000, 16, [64]) if c >= need)
+            saved = clone_caches(engine)
+            expected = runner.forward(runner.prepare(scheduled))
+            after_eager = clone_caches(engine)
+            restore_caches(engine, saved)
+            inputs = DecodeInputs(8, context, 16, scratch_block, scratch_slot, engine.device)
+            inputs.fill(scheduled)
+            got = runner.forward(inputs.batch)[:len(scheduled)]
+            scale = expected.abs().max()
+            assert (got - expected).abs().max() <= 1e-5 * scale, f"context {context}"
+            real = [item.seq.state_slot for item in scheduled]
+            for eager, padded in zip(after_eager, (engine.kv_pool, engine.state_pool.conv,
+                                                   engine.state_pool.recurrent)):
+                if padded.dim() > 2:                    # the KDA states of the real slots
+                    diff = (padded[:, real].float() - eager[:, real].float()).abs().max()
+                    assert diff <= 1e-5 * eager[:, real].abs().max(), (padded.shape, diff)
+            checked.add(context)
+            sampled = [(item, int(got[i].argmax()), None) for i, item in enumerate(scheduled)]
+        engine.scheduler.complete(scheduled)
+        for item, token, _ in sampled:
+            item.seq.append_token(token, None)
+            engine.stop_checker.check(item.seq, engine.config.max_model_len)
+            if item.seq.is_finished:
+                engine.scheduler.finish(item.seq)
+    assert checked >= {64, 256}, checked      # both sides of the top-k edge were run
+
+
+@pytest.mark.gpu
+def test_graph_decode_equals_eager_decode(tiny_checkpoint):
+    """Greedy tokens equal and logprobs close, with graphs captured and replayed, in float32 (a
+    graph's bucket may split attention differently from the eager step: in bf16 that flips
+    near-tied greedy tokens of the random tiny model). The batch shrinks through several graph
+    sizes and ends in the dense bucket (every position under index_topk = 64). A second turn
+    then hits the prefix cache at a KDA snapshot a graph decode step took."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    lengths = (290, 130, 100, 64, 63, 50, 7, 1)
+    max_tokens = (20, 6, 8, 10, 12, 14, 20, 24)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=1)
+              for n in max_tokens]
+    prompts = random_prompts(lengths)
+    outputs, second_turns, second_prompt = {}, {}, None
+    for eager in (True, False):
+        llm = LLM(tiny_checkpoint, block_size=16, device="cuda", dtype="float32",
+                  kv_cache_dtype="fp32", kv_cache_memory=512 << 20, enforce_eager=eager)
+        outputs[eager] = llm.generate(prompts, params)
+        graphs = llm.engine.runner.graphs
+        if eager:
+            assert graphs is None
+            # the first turn's tokens (position 303, a graph decode step, ends block 18)
+            second_prompt = prompts[0] + outputs[eager][0].outputs[0].token_ids + [5, 6, 7]
+        else:
+            assert graphs.enabled and graphs.num_replays > 0
+            contexts = {context for _, context in graphs.graphs}
+            assert len(graphs.graphs) >= 3 and 64 in contexts and max(contexts) >= 256, \
+                sorted(graphs.graphs)
+        second_turns[eager] = llm.generate([second_prompt], params[-1])[0]
+    for graph_out, eager_out in zip(outputs[False], outputs[True]):
+        got, want = graph_out.outputs[0], eager_out.outputs[0]
+        assert got.token_ids == want.token_ids, len(graph_out.prompt_token_ids)
+        for a, b in zip(got.logprobs, want.logprobs):
+            assert abs(a.logprob - b.logprob) <= 1e-3
+    assert second_turns[False].num_cached_tokens == second_turns[True].num_cached_tokens == 304
+    got, want = second_turns[False].outputs[0], second_turns[True].outputs[0]
+    assert got.token_ids == want.token_ids
+    for a, b in zip(got.logprobs, want.logprobs):
+        assert abs(a.logprob - b.logprob) <= 1e-3
