@@ -32,7 +32,9 @@ shared memory (3.9: 32 B of stack).
 
 Decisions: Hopper only (wgmma, sm_90a): the AMD paths are flydsl_kernels/sparse_mla.py
 (gfx950) and the Triton kernel. Gluon ships inside the triton wheel, so this is the `triton`
-backend's Hopper path (`sparse_mla_triton`'s default where it applies), not a backend of its
+backend's Hopper path (`sparse_mla_triton`'s kernel="gluon_hopper"; its default since session
+6 is the warp-specialized sparse_mla_hopper_ws.py, launched by this file's launcher with
+`warp_specialized=True`: 87.4 us at 64 rows against this kernel's 122.6), not a backend of its
 own. The 16-byte loads need cache rows on 16-byte boundaries (any real cache: 576-byte rows):
 other caches take the Triton kernel, or a ValueError when this one is asked for.
 
@@ -286,16 +288,35 @@ def sparse_mla_hopper(
     slots: torch.Tensor,
     softmax_scale: float,
     num_splits: int | None = None,
+    warp_specialized: bool = False,
+    schedule: str = "late_values",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of each row over its selected slots with the Hopper Gluon kernel: (out
     [Nq, H, 512], lse [Nq, H]) fp32. q [Nq, H, 576] bf16 / fp16, latent_cache [num_blocks,
     block_size, 576] float8_e4m3fn (16-byte aligned rows), slots [Nq, k] int32 (-1 masked).
-    `num_splits`: key splits a row (None: the fewest filling the GPU)."""
+    `num_splits`: key splits a row (None: the fewest filling the GPU). `warp_specialized`:
+    the producer / scorer / value-worker kernel (sparse_mla_hopper_ws.py) instead of this
+    file's one-role kernel; same arguments, same results. `schedule` (warp-specialized only):
+    the order of its products, "late_values" (measured fastest), "scores_first" or
+    "values_first" (see SCHEDULE there)."""
     from atomk31.ops.sparse_mla import check_mla_query
     from atomk31.triton_kernels.mla_combine import mla_combine
     from atomk31.triton_kernels.mla_launch import LOG2_E, check_latent_cache_layout
     from atomk31.triton_kernels.mla_tiles import MIN_TILES_PER_SPLIT, fewest_splits_filling_waves
 
+    kernel, num_warps, variant = sparse_mla_hopper_kernel, int(NUM_WARPS), {}
+    if warp_specialized:
+        from gluon_kernels.sparse_mla_hopper_ws import (
+            ROLE_WARPS,
+            SCHEDULES,
+            sparse_mla_hopper_ws_kernel,
+        )
+
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
+        # The launch's warps run the scorer; the value worker's and producer's come on top.
+        kernel, num_warps = sparse_mla_hopper_ws_kernel, int(ROLE_WARPS)
+        variant = {"SCHEDULE": SCHEDULES[schedule]}
     check_latent_cache_layout(latent_cache)
     if slots.dim() != 2:
         raise ValueError(f"slots must be [Nq, k], got {list(slots.shape)}")
@@ -327,7 +348,7 @@ def sparse_mla_hopper(
         partial_lse = torch.empty(num_rows, num_heads, num_splits, dtype=torch.float32,
                                   device=q.device)
     block_size = latent_cache.shape[1]
-    sparse_mla_hopper_kernel[(num_rows * num_head_blocks, num_splits)](
+    kernel[(num_rows * num_head_blocks, num_splits)](
         q, latent_cache, slots, partial_out, partial_lse,
         num_heads, num_selected, keys_per_split, block_size, num_head_blocks,
         softmax_scale * latent_scale * LOG2_E, latent_scale,
@@ -335,7 +356,7 @@ def sparse_mla_hopper(
         slots.stride(0), partial_out.stride(0), partial_out.stride(1), partial_out.stride(2),
         partial_lse.stride(0), partial_lse.stride(1),
         FLAT_SLOTS=latent_cache.stride(0) == block_size * latent_cache.stride(1),
-        num_warps=int(NUM_WARPS),
+        num_warps=num_warps, **variant,
     )
     if num_splits > 1:
         mla_combine(partial_out, partial_lse, out, lse)

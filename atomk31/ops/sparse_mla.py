@@ -103,8 +103,9 @@ def sparse_mla_triton(
     products with fp32 accumulation for bf16 queries over a bf16 / fp8 latent (within ~1e-2
     relative of the torch result; FP16 products over an fp8 latent where the tiles choose
     them, ~10x closer); float32 products when either side is float32. On Hopper, bf16 / fp16
-    queries over an FP8 latent run the Gluon kernel (gluon_kernels/sparse_mla_hopper.py, the
-    same FP16 products), which ships in the triton wheel."""
+    queries over an FP8 latent run the warp-specialized Gluon kernel
+    (gluon_kernels/sparse_mla_hopper_ws.py: FP16 products of the FP8 latent and of the queries
+    scaled into FP16's range, fp32 sums), which ships in the triton wheel."""
     from atomk31.triton_kernels.sparse_mla import sparse_mla_triton as launch
 
     check_latent_cache(latent_cache, latent_scale)

@@ -164,6 +164,20 @@ def gluon_hopper_fits(a: torch.Tensor, w_q: torch.Tensor, out_dtype: torch.dtype
         (n * torch.empty((), dtype=out_dtype).element_size()) % 16 == 0
 
 
+# Hopper's shared memory per block, and what the Gluon kernel keeps beside its ring (barriers)
+HOPPER_SHARED_BYTES, GLUON_RESERVED_BYTES = 227 * 1024, 1024
+
+
+def gluon_stages_that_fit(config: GemmConfig, out_dtype: torch.dtype) -> GemmConfig:
+    """``config`` with its ring cut to the stages Hopper's shared memory holds beside the
+    output tile of ``out_dtype`` (the 6-stage 128 x 128 config holds a bf16 tile, 5 stages a
+    float32 one)."""
+    tile = config.block_m * config.block_n * torch.empty((), dtype=out_dtype).element_size()
+    stage = (config.block_m + config.block_n) * config.block_k
+    fits = (HOPPER_SHARED_BYTES - GLUON_RESERVED_BYTES - tile) // stage
+    return config if config.num_stages <= fits else dataclasses.replace(config, num_stages=fits)
+
+
 def launch_ptpc_gemm_gluon_hopper(a: torch.Tensor, w_q: torch.Tensor, a_scale: torch.Tensor,
                                   w_scale: torch.Tensor, c: torch.Tensor, config: GemmConfig,
                                   on_interpreter: bool) -> None:
@@ -250,6 +264,8 @@ def ptpc_linear_quantized_triton(
             # unaligned rows (or e4m3fnuz for Gluon): the pointer kernel
             config = pick_config_for_target(m, n, k, dataclasses.replace(current_target(),
                                                                          has_tma_ws=False))
+        elif config.kernel == "gluon_hopper":
+            config = gluon_stages_that_fit(config, out_dtype)
     if config.kernel not in KERNELS:
         raise ValueError(f"ptpc_linear: config.kernel must be one of {KERNELS}, got "
                          f"{config.kernel!r}")

@@ -187,16 +187,20 @@ HOPPER_GLUON_NO_OVERLAP_CONFIG = dataclasses.replace(HOPPER_GLUON_CONFIG, overla
 
 # Launches replayed from a CUDA graph (the engine's decode steps, `launches_are_replayed`) cost
 # no host time, so there the rule drops the FLOP floor and takes the Gluon kernel's 128 x 128
-# tiles once they fill HOPPER_GLUON_MIN_FILL of the SMs (one wave or less: without the
-# overlapped epilogue, which has no next tile to hide under), else its 128 x 64 tiles once they
-# do. H200 session 6 (graph ms, against torch._scaled_mm in the same run, the engine's eager
-# choice in brackets): o_proj M = 128 (56 / 112 tiles) 128 x 64 0.0307 = 1.17x (pointer kernel
-# 0.90x), shared down 128 1.28x (0.94x); o_proj 256 (112 tiles) 128 x 128 0.91x (128 x 64
-# 0.77x, pointer 0.52x), shared down 256 0.92x (0.72x, 0.48x), shared gate_up 128 (96 tiles)
-# 0.89x (0.79x, 0.58x); q_b 128 1.04x (TMA lag2 0.78x), kv_b 128 1.03x (0.85x). Eager, the same
-# Gluon launches took 0.14-0.2 ms of host time, which is why eager launches keep the rule above.
+# tiles once they fill HOPPER_GLUON_MIN_FILL of the SMs: at one wave or less
+# (HOPPER_GLUON_ONE_WAVE_CONFIG) in 6 stages and without the overlapped epilogue (no next tile
+# to hide it under; 6 x 32 KiB in flight per SM, where fewer SMs pull the weights), else its
+# 128 x 64 tiles once they do. H200 session 6, final run (graph ms, against torch._scaled_mm in
+# the same run; the eager rule's choice in brackets): o_proj M = 128 (56 / 112 tiles) 128 x 64
+# 0.0304 = 1.16x (pointer kernel 0.87x), shared down 128 1.17x (0.87x); one wave of 128 x 128:
+# shared gate_up 128 (96 tiles) 6 stages 0.97x (4 stages 0.84x, pointer 0.55x), o_proj 256
+# (112 tiles) 1.06x (0.94x, 0.54x), shared down 256 1.04x (0.92x, 0.51x); q_b 128 1.02x (TMA
+# lag2 0.77x), kv_b 128 1.01x (0.83x). Eager, the same Gluon launches took 0.11-0.35 ms of host
+# time, which is why eager launches keep the rule above.
 HOPPER_GLUON_NARROW_CONFIG = GemmConfig(128, 64, 128, num_stages=6, persistent=True,
                                         kernel="gluon_hopper")
+HOPPER_GLUON_ONE_WAVE_CONFIG = GemmConfig(128, 128, 128, num_stages=6, persistent=True,
+                                          kernel="gluon_hopper")
 HOPPER_GLUON_MIN_FILL = 0.7
 
 
@@ -215,7 +219,7 @@ def gluon_config_on_hopper(m: int, n: int, k: int, target: GemmTarget,
     if not replayed:
         return None
     if wide_tiles >= HOPPER_GLUON_MIN_FILL * target.num_sms:
-        return HOPPER_GLUON_NO_OVERLAP_CONFIG
+        return HOPPER_GLUON_ONE_WAVE_CONFIG
     narrow_tiles = triton.cdiv(m, HOPPER_GLUON_NARROW_CONFIG.block_m) * \
         triton.cdiv(n, HOPPER_GLUON_NARROW_CONFIG.block_n)
     if narrow_tiles >= HOPPER_GLUON_MIN_FILL * target.num_sms:

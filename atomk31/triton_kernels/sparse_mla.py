@@ -4,9 +4,12 @@ Contract: `atomk31.ops.sparse_mla` (MODEL_SPEC §4.5, §4.6). The kernel and how
 work: mla_kernel.py; its launch (product types, key splits and their merge): mla_launch.py;
 the tile defaults per target, from the H200 benchmarks: mla_tiles.py. On Hopper (compute
 capability 9.x, bf16 / fp16 queries over an FP8 e4m3fn latent with 16-byte aligned rows) the
-default is gluon_kernels/sparse_mla_hopper.py instead: wgmma in Gluon, which ships inside the
-triton wheel, so it is this backend's Hopper path. H200, session 5 (graph-timed, 96 heads,
-2048 keys): 64 rows 121.5 us vs the Triton kernel's 153.1, 16 rows 39.2 vs 47.6.
+default is a Gluon kernel instead (wgmma; Gluon ships inside the triton wheel, so it is this
+backend's Hopper path): since session 6 the warp-specialized one,
+gluon_kernels/sparse_mla_hopper_ws.py ("gluon_hopper_ws"); the one-role kernel of session 5,
+gluon_kernels/sparse_mla_hopper.py, stays as "gluon_hopper". H200 (graph-timed, 96 heads,
+2048 keys, session 6 round 2): 64 rows 87.4 us (ws, 42.9% of the BF16 GEMM rate) vs 122.6
+(one-role) vs the Triton kernel's 154.8; 16 rows 32.3 vs 39.7 vs 47.7.
 """
 
 import torch
@@ -20,8 +23,9 @@ from atomk31.triton_kernels.mla_launch import (
 
 
 def gluon_hopper_applies(q: torch.Tensor, latent_cache: torch.Tensor) -> bool:
-    """Whether gluon_kernels/sparse_mla_hopper.py runs these inputs (an NVIDIA Hopper GPU, bf16
-    / fp16 queries, an FP8 e4m3fn latent with 16-byte aligned rows)."""
+    """Whether the Gluon kernels (gluon_kernels/sparse_mla_hopper.py, sparse_mla_hopper_ws.py)
+    run these inputs (an NVIDIA Hopper GPU, bf16 / fp16 queries, an FP8 e4m3fn latent with
+    16-byte aligned rows)."""
     if not q.is_cuda or torch.version.hip is not None:
         return False
     from gluon_kernels.sparse_mla_hopper import why_not_hopper
@@ -57,26 +61,30 @@ def sparse_mla_triton(
     `prefetch` (0 or 1, see PREFETCH) and `fp16_operands` (FP16 products over an FP8
     latent, see FP16_OPERANDS; ignored for other latents and float32 queries). `kernel`:
     "triton" (mla_kernel.py, every target), "gluon_hopper" (compute capability 9.x, bf16 /
-    fp16 queries over an FP8 e4m3fn latent, FP16 products; takes `num_splits` only) or None:
-    the Gluon kernel where it applies and no tile knob is set, else the Triton one.
+    fp16 queries over an FP8 e4m3fn latent, FP16 products; takes `num_splits` only),
+    "gluon_hopper_ws" (the same inputs, the warp-specialized Gluon kernel:
+    gluon_kernels/sparse_mla_hopper_ws.py) or None: "gluon_hopper_ws" where it applies and no
+    tile knob is set, else the Triton kernel.
     """
     tile_knobs = dict(block_h=block_h, block_n=block_n, num_stages=num_stages,
                       num_warps=num_warps, scores_via_memory=scores_via_memory,
                       value_splits=value_splits, prefetch=prefetch, fp16_operands=fp16_operands)
     fixed = [name for name, value in tile_knobs.items() if value is not None]
     if kernel is None:
-        kernel = "gluon_hopper" if not fixed and gluon_hopper_applies(q, latent_cache) \
+        kernel = "gluon_hopper_ws" if not fixed and gluon_hopper_applies(q, latent_cache) \
             else "triton"
-    if kernel == "gluon_hopper":
+    if kernel in ("gluon_hopper", "gluon_hopper_ws"):
         from gluon_kernels.sparse_mla_hopper import sparse_mla_hopper
 
         if fixed:
-            raise ValueError(f"kernel='gluon_hopper' takes num_splits only, got {fixed}")
+            raise ValueError(f"kernel={kernel!r} takes num_splits only, got {fixed}")
 
         return sparse_mla_hopper(q, latent_cache, latent_scale, slots, softmax_scale,
-                                 num_splits=num_splits)
+                                 num_splits=num_splits,
+                                 warp_specialized=kernel == "gluon_hopper_ws")
     if kernel != "triton":
-        raise ValueError(f"kernel must be 'triton' or 'gluon_hopper', got {kernel!r}")
+        raise ValueError(f"kernel must be 'triton', 'gluon_hopper' or 'gluon_hopper_ws', got "
+                         f"{kernel!r}")
     check_latent_cache_layout(latent_cache)
     if slots.dim() != 2:
         raise ValueError(f"slots must be [Nq, k], got {list(slots.shape)}")

@@ -1,4 +1,4 @@
-"""Exact top-k of indexer scores in Triton: five launches, the scores read twice.
+"""Exact top-k of indexer scores in Triton: three to five launches, the scores read twice.
 
 Contract: `atomk31.ops.topk` (`topk_positions`, and `topk_slots` = positions_to_slots of it):
 the set of the k best positions of each row (higher score first, equal scores -> lower
@@ -11,6 +11,8 @@ topk_finish.py):
      the zeroing of the finish's bitmap);
   2. topk_threshold_kernel (one program per row): T0, the need-th largest group maximum
      (or, with `threshold_slack`, a key a little below it found in fewer search rounds);
+     with `fuse_threshold` (the default at >= 64 rows on NVIDIA) stage 1 runs one program
+     per row and finds T0 itself, and this kernel is not launched;
   3. the collect, a streaming filter: the scores >= T0 into a per-row candidate buffer
      (about 1.4 k of them for scores in random order): `collect="staged"` (the default),
      topk_staged_collect_kernel (one-warp programs, many per multiprocessor, each staging
@@ -22,12 +24,29 @@ topk_finish.py):
      (group_max_prefetch: within 1.2% of none in round 2's tuning, superseded by the
      pipelined loads of group_max_stages);
   4. the finish: topk_overflow_kernel (a row whose candidates overflow the buffer rescans
-     its row; other rows return at once), then topk_finish_kernel (one program per row: the
-     exact cut among the candidates, then the selected positions in ascending order through
-     a bitmap and a prefix sum of popcounts, no sort).
+     its row; other rows return at once; with `fuse_overflow`, the default on NVIDIA, the
+     finish does it and this kernel is not launched), then topk_finish_kernel (one program
+     per row: the exact cut among the candidates, then the selected positions in ascending
+     order through a bitmap and a prefix sum of popcounts, no sort).
 No host synchronisation and no memset: stage 1 zeroes the counters stage 3 uses and the
 bitmap the finish uses, and all workspaces share one allocation. The candidate buffer holds
 positions and raw score bits.
+
+Where the time went (H200, 64 x 128K, session 5, graph us): stage 1 7.4, stage 2 8.8, the
+collect 15.1, the overflow launch 1.3, the finish 20.0 (52.6). Stage 2 and the finish are
+one program per row running many-way searches (kth_largest_key), latency-bound on block
+barriers: session 6 cut a search round from 17 to 8 barriers and ~640 to ~420 instructions
+(sm_90 SASS, triton 3.6: a masked histogram of WAYS bins, a reverse cumsum and one packed
+reduction, the per-key arithmetic in 32 bits); stage 2 now also hands the finish each row's
+largest key and T0 as the search's bounds (no reductions before its first round), and the
+finish stops at the first key exactly `need` candidates reach (a round fewer for distinct
+scores) and loads the candidates' positions with their scores. On the H200 (session 6, round
+2): 52.9 -> 46.1 us (stage 2 6.9 us, the finish 15.3); then stage 1 fused with stage 2 (one
+program per row finds T0 from the maxima in registers: no partial maxima, one launch fewer;
+at 64 rows), the overflow rescan inside the finish and the finish's search at 128 ways:
+43.5 us (3.71x torch.topk), 1M 183.5 (4.60x). Measured and not default: `pdl` (programmatic
+dependent launch: neutral in a graph), stage 1 at 8 programs per row (+2.9 us), stage 2 at
+128 ways or slack 256 (noise), the finish at 256 ways (+1.3).
 """
 
 import functools
@@ -61,6 +80,8 @@ COLLECTS = ("warp", "staged")
 # Per collect: (programs per multiprocessor, positions per tile, warps) unless given.
 COLLECT_DEFAULTS = {"warp": (16, 256, 1), "staged": (16, 256, 1)}
 WORKSPACE_ALIGN = 64  # int32 elements: each workspace part starts 256-byte aligned
+# fuse_threshold's default: one program per row streams the scores, measured at 64 rows.
+FUSED_THRESHOLD_MIN_ROWS = 64
 MIN_K_PAD = 16  # k is padded to a power of two, at least this (NUM_GROUPS = 2 k_pad >= 32)
 # Bitmap words (of 32 positions each) per step of the finish's prefix sum: ~2.5 us a step on
 # the H200 (8 steps at 1M); 8192 spills the finish (40 B at 16 warps, sm_90, triton 3.9).
@@ -79,10 +100,10 @@ def topk_triton(
     group_max_warps: int | None = None,
     finish_warps: int = 16,
     threshold_warps: int = 16,
-    search_ways: int = 64,
+    search_ways: int = 128,
     threshold_ways: int = 64,
     threshold_slack: int = 64,
-    group_max_stages: int = 3,
+    group_max_stages: int | None = None,
     threshold_parts: int = 4,
     collect: str = "staged",
     collect_programs_per_sm: int | None = None,
@@ -91,7 +112,9 @@ def topk_triton(
     collect_stages: int = 8,
     staging_pieces: int = 4,
     staged_ballot: bool = True,
-    fuse_overflow: bool = False,
+    fuse_overflow: bool = True,
+    pdl: bool = False,
+    fuse_threshold: bool | None = None,
     stages: int = 5,
 ) -> torch.Tensor:
     """Positions [Nq, k] int32 of each row's k best scores (or their cache slots when
@@ -105,6 +128,12 @@ def topk_triton(
     the finish's search at 64 ways (2.3 / 3.1 us less than 16 on the warp launch); from round
     3: the threshold search with slack 64, stage 1 at half the programs and 3 stages. (Scores
     all equal, where every score is a candidate, favour the warp collect: 82 against 105.)
+    Session 6 (round 2, same run; 64 rows, graph us, 128K / 1M): the new search rounds
+    (session 5's defaults 52.9 / 194.1 -> 46.1 / 184.7), then together fuse_threshold
+    (6 stages), fuse_overflow and the finish's search at 128 ways: 43.5 / 183.5 (3.71x /
+    4.60x torch.topk; alone: 45.2 / 185.1, 45.8 / 184.8, 46.2 / 185.7). The cost: rows whose
+    candidates all overflow (64 x 128K all equal) 91.4 -> 103.3, the rescan inside the finish
+    being slower than its own kernel (fuse_overflow=False for tie-heavy batches).
     Tuning:
     `programs_per_row` (stage 1; default: 2 programs per multiprocessor over all rows),
     `capacity_factor` (candidate buffer = that many times the padded k, a power of two),
@@ -125,8 +154,15 @@ def topk_triton(
     instead of tl.cumsum: NVIDIA with one-warp programs only, ignored elsewhere),
     `fuse_overflow` (the finish rescans an overflowing row itself: one launch fewer; NVIDIA
     only, ignored elsewhere: SGPR spills on AMD), `group_max_stages` (stage 1's loads
-    pipelined that many tiles deep; 1: not), `threshold_parts` (stage 2 merges that many
-    chunks' maxima per load, a power of two; 1: round 2's one chunk at a time).
+    pipelined that many tiles deep; 1: not; default 6 with fuse_threshold, else 3),
+    `threshold_parts` (stage 2 merges that many chunks' maxima per load, a power of two; 1:
+    round 2's one chunk at a time), `pdl` (stages 2-5 launched with programmatic dependent
+    launch, see wait_for_previous_launch; NVIDIA sm_90+ only, ignored elsewhere; H200 round
+    2, graph: -0.3 us at 128K, +2.3 at 1M; with the fusions -0.4 / +1.8; eager -3 at 128K),
+    `fuse_threshold` (stage 1 as one program per row of `threshold_warps` warps that also
+    finds T0: no stage-2 launch and no partial maxima, but only Nq programs stream the
+    scores; `programs_per_row` and `group_max_warps` are then ignored; default: on NVIDIA
+    with at least FUSED_THRESHOLD_MIN_ROWS rows, the batch it was measured on).
     `stages` < 5 launches only the first stages (for timing them; the output is then not
     written).
     """
@@ -161,7 +197,7 @@ def topk_triton(
             raise ValueError(f"{name} must be a power of two >= 1, got {value}")
     if staging_pieces < 1:
         raise ValueError(f"staging_pieces must be >= 1, got {staging_pieces}")
-    if collect_stages < 1 or group_max_stages < 1:
+    if collect_stages < 1 or (group_max_stages is not None and group_max_stages < 1):
         raise ValueError(f"collect_stages and group_max_stages must be >= 1, got "
                          f"{collect_stages} and {group_max_stages}")
     if threshold_slack < -1:
@@ -172,11 +208,22 @@ def topk_triton(
     if scores.stride(-1) != 1:
         scores = scores.contiguous()
     is_interpreter = runs_on_interpreter(topk_finish_kernel)  # TRITON_INTERPRET=1
-    is_cuda = not is_interpreter and driver.active.get_current_target().backend == "cuda"
+    target = None if is_interpreter else driver.active.get_current_target()
+    is_cuda = target is not None and target.backend == "cuda"
+    is_pdl = pdl and is_cuda and target.arch >= 90  # griddepcontrol: sm_90 and later
+    # Stages 2-5: launched to start under the previous kernel's tail (stage 1 plainly: its
+    # predecessor in the stream is not ours and does not signal).
+    launch_options = {"launch_pdl": True} if is_pdl else {}
     overflow_block = 64 if is_interpreter else OVERFLOW_BLOCK
     k_pad = max(MIN_K_PAD, triton.next_power_of_2(k))
     num_groups = num_groups_for(k_pad)
     capacity = capacity_factor * k_pad
+    if fuse_threshold is None:
+        fuse_threshold = is_cuda and num_rows >= FUSED_THRESHOLD_MIN_ROWS
+    if group_max_stages is None:
+        group_max_stages = 6 if fuse_threshold else 3
+    if fuse_threshold:
+        programs_per_row, group_max_warps = 1, threshold_warps
     if group_max_warps is None:
         is_nvidia = scores.device.type == "cuda" and torch.version.hip is None
         group_max_warps = 4 if is_nvidia else 8
@@ -199,8 +246,9 @@ def topk_triton(
     # aligned, so no two rows share a cache line.
     num_words = triton.cdiv(num_positions, 32)
     words_per_row = triton.cdiv(num_words, 32) * 32
-    # int32 parts.
-    sizes = [num_rows * num_chunks * num_groups, num_rows, num_rows, num_rows * capacity,
+    # int32 parts (threshold: T0 of each row, then each row's largest key).
+    num_partial_maxima = 0 if fuse_threshold else num_rows * num_chunks * num_groups
+    sizes = [num_partial_maxima, num_rows, 2 * num_rows, num_rows * capacity,
              num_rows * capacity, num_rows * words_per_row, num_rows * words_per_row,
              stage_size, stage_size]
     sizes = [triton.cdiv(size, WORKSPACE_ALIGN) * WORKSPACE_ALIGN for size in sizes]
@@ -208,17 +256,21 @@ def topk_triton(
     (partial_max, counter, threshold, candidate_pos, candidate_bits, bitmap, prefix,
      stage_pos, stage_bits) = torch.split(workspace, sizes)
 
+    threshold_options = dict(WAYS=max(2, threshold_ways), SLACK=threshold_slack,
+                             BINS=histogram_bins(max(2, threshold_ways)))
     topk_group_max_kernel[(num_rows, num_chunks)](
-        scores, lengths, partial_max, counter, bitmap, chunk_size, num_chunks,
+        scores, lengths, partial_max, counter, bitmap, threshold, k, chunk_size, num_chunks,
         scores.stride(0), num_words, words_per_row,
-        NUM_GROUPS=num_groups, STAGES=group_max_stages, num_warps=group_max_warps)
+        NUM_GROUPS=num_groups, STAGES=group_max_stages, PDL=is_pdl,
+        THRESHOLD=fuse_threshold, **(threshold_options if fuse_threshold else {}),
+        num_warps=group_max_warps)
     if stages < 2:
         return out
-    topk_threshold_kernel[(num_rows,)](
-        partial_max, lengths, threshold, k, num_chunks,
-        NUM_GROUPS=num_groups, WAYS=max(2, threshold_ways),
-        BINS=histogram_bins(max(2, threshold_ways)), PARTS=threshold_parts,
-        SLACK=threshold_slack, num_warps=threshold_warps)
+    if not fuse_threshold:
+        topk_threshold_kernel[(num_rows,)](
+            partial_max, lengths, threshold, k, num_chunks, NUM_GROUPS=num_groups,
+            PARTS=threshold_parts, **threshold_options, PDL=is_pdl, num_warps=threshold_warps,
+            **launch_options)
     if stages < 3:
         return out
     if collect == "staged":
@@ -232,12 +284,12 @@ def topk_triton(
             PIECES=staging_pieces, STAGES=collect_stages, WARP_SYNC=is_cuda_warp,
             RANK_ASM=ballot_rank_asm(tile // 32) if is_ballot else "",
             RANK_CONSTRAINTS=ballot_rank_constraints(tile // 32) if is_ballot else "",
-            num_warps=collect_program_warps)
+            PDL=is_pdl, num_warps=collect_program_warps, **launch_options)
     else:
         topk_warp_collect_kernel[(num_rows, collect_chunks)](
             scores, lengths, counter, threshold, candidate_pos, candidate_bits,
             collect_chunk_size, scores.stride(0), capacity, BLOCK=tile, STAGES=collect_stages,
-            num_warps=collect_program_warps)
+            PDL=is_pdl, num_warps=collect_program_warps, **launch_options)
     if write_slots:
         table, requests, max_blocks = block_table, row_request, block_table.shape[1]
     else:
@@ -249,8 +301,8 @@ def topk_triton(
     if not is_fused:
         topk_overflow_kernel[(num_rows,)](
             scores, lengths, counter, threshold, candidate_pos, candidate_bits, k,
-            scores.stride(0), CAPACITY=capacity, BLOCK=overflow_block,
-            num_warps=finish_warps)
+            scores.stride(0), CAPACITY=capacity, BLOCK=overflow_block, PDL=is_pdl,
+            num_warps=finish_warps, **launch_options)
     if stages < 5:
         return out
     ways = max(2, search_ways)
@@ -260,8 +312,8 @@ def topk_triton(
         table_stride, scores.stride(0), CAPACITY=capacity, RESCAN=is_fused,
         BLOCK=64 if is_interpreter else RESCAN_BLOCK, K_PAD=k_pad,
         SCAN_BLOCK=16 if is_interpreter else SCAN_BLOCK,
-        WAYS=ways, BINS=histogram_bins(ways), WRITE_SLOTS=write_slots,
-        num_warps=finish_warps)
+        WAYS=ways, BINS=histogram_bins(ways), WRITE_SLOTS=write_slots, PDL=is_pdl,
+        num_warps=finish_warps, **launch_options)
     return out
 
 

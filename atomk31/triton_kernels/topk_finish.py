@@ -26,6 +26,7 @@ from atomk31.triton_kernels.topk_collect import (
     kth_largest_key,
     load_tile,
     orderable_key,
+    wait_for_previous_launch,
 )
 
 
@@ -97,23 +98,29 @@ def popcount(word):
 
 
 @triton.jit
-def cut_of_candidates(key, p_pos, is_valid, need, WAYS: tl.constexpr, BINS: tl.constexpr):
+def cut_of_candidates(key, position, is_valid, need, threshold, top, WAYS: tl.constexpr,
+                      BINS: tl.constexpr):
     """(key_cut, position_cut): the `need` best candidates (higher key, then lower position;
     need <= the number of valid ones, whose keys are > KEY_NONE) are those with key > key_cut
     and those with key == key_cut at positions <= position_cut (§8 #6). key_cut is the need-th
-    largest key; position_cut is 2^31 - 1 when every tie at it is taken. The positions are
-    loaded (from p_pos) only when some ties are left out: fewer registers in the search."""
-    key_low = tl.min(tl.where(is_valid, key, 2147483647), 0)
-    key_cut = kth_largest_key(key, need, key_low, WAYS, BINS)
+    largest key or (the search stops as soon as it finds one) a key that exactly the need
+    best reach; position_cut is 2^31 - 1 when every tie at it is taken. The key search
+    starts from [threshold, top] (T0 <= every candidate, the row's largest key >= every one:
+    no reductions before its first round)."""
+    # SLACK 0: stop at any x with count(key >= x) == need; then the keys >= x are the answer
+    # (no tie is left out), as they are above and at the exact need-th largest key.
+    key_cut = kth_largest_key(key, need, threshold, top, WAYS, BINS, 0)
     is_tie = is_valid & (key == key_cut)
-    num_ties_wanted = need - tl.sum((key > key_cut).to(tl.int32), 0)
+    # Both counts from one reduction (each < 2^16: CAPACITY <= 16384).
+    packed = tl.sum((key > key_cut).to(tl.int32) + (is_tie.to(tl.int32) << 16), 0)
+    num_ties_wanted = need - (packed & 65535)
     position_cut = tl.full((), 2147483647, tl.int32)
-    if tl.sum(is_tie.to(tl.int32), 0) > num_ties_wanted:
-        position = tl.load(p_pos + tl.arange(0, key.shape[0]), mask=is_tie, other=0)
+    if (packed >> 16) > num_ties_wanted:
         # The num_ties_wanted-th lowest tied position: the largest of the negated ones.
         negated = tl.where(is_tie, -position, KEY_NONE)
         negated_low = tl.min(tl.where(is_tie, -position, 0), 0)  # -(highest tied position)
-        position_cut = -kth_largest_key(negated, num_ties_wanted, negated_low, WAYS, BINS)
+        position_cut = -kth_largest_key(negated, num_ties_wanted, negated_low,
+                                        tl.max(negated, 0), WAYS, BINS)
     return key_cut, position_cut
 
 
@@ -124,11 +131,12 @@ def topk_overflow_kernel(
     # sizes and strides
     k, stride_scores_row,
     # meta-parameters
-    CAPACITY: tl.constexpr, BLOCK: tl.constexpr,
+    CAPACITY: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """A row with more candidates than the buffer holds: its need best into the buffer, and
     counter[row] = need. (Its own launch, ~1.2 us in a CUDA graph; the finish can do it
     instead with RESCAN, except on AMD, where it then spills SGPRs on gfx942 / gfx950.)"""
+    wait_for_previous_launch(PDL)
     i_row = tl.program_id(0)
     if tl.load(counter_ptr + i_row) > CAPACITY:
         length = tl.load(lengths_ptr + i_row).to(tl.int32)
@@ -154,12 +162,14 @@ def topk_finish_kernel(
     K_PAD: tl.constexpr,  # k rounded up to a power of two
     SCAN_BLOCK: tl.constexpr,  # bitmap words per step of the prefix sum
     WAYS: tl.constexpr, BINS: tl.constexpr, WRITE_SLOTS: tl.constexpr,
+    PDL: tl.constexpr = False,  # launched with launch_pdl: see wait_for_previous_launch
 ):
     """One program per row: the row's `need` best candidates written in ascending position
     order (or as their cache slots), then -1 up to k. No sort: the selected positions are
     marked in the row's bitmap (one bit per position, zeroed by stage 1), the words' popcounts
     prefix-summed, and each selected candidate's output index is the number of selected
     positions before it: prefix[p >> 5] + popcount(word & ((1 << (p & 31)) - 1))."""
+    wait_for_previous_launch(PDL)
     i_row = tl.program_id(0)
     length = tl.load(lengths_ptr + i_row).to(tl.int32)
     need = tl.minimum(k, length)
@@ -170,20 +180,28 @@ def topk_finish_kernel(
         o_row_buffer = i_row.to(tl.int64) * CAPACITY
         p_pos = candidate_pos_ptr + o_row_buffer
         p_bits = candidate_bits_ptr + o_row_buffer
+        o_c = tl.arange(0, CAPACITY)
+        # The whole buffer, unmasked: in flight together with the counter's load (the
+        # entries past the count are masked out below), the positions too (128 registers,
+        # no spill on sm_90: H200 round 2, 46.8 -> 46.1 us at 128K, 189.0 -> 184.7 at 1M
+        # against loading them after the search).
+        bits = tl.load(p_bits + o_c)
+        position = tl.load(p_pos + o_c)
         num_candidates = tl.load(counter_ptr + i_row)  # <= CAPACITY after the overflow stage
+        threshold = tl.load(threshold_ptr + i_row)
+        top = tl.load(threshold_ptr + tl.num_programs(0) + i_row)  # the row's largest key
         if RESCAN:
             if num_candidates > CAPACITY:
                 collect_best_of_row(scores_ptr + i_row.to(tl.int64) * stride_scores_row,
-                                    p_pos, p_bits, length, need,
-                                    tl.load(threshold_ptr + i_row), BLOCK)
+                                    p_pos, p_bits, length, need, threshold, BLOCK)
                 num_candidates = need
                 tl.debug_barrier()  # the buffer written above is read by other threads below
-        o_c = tl.arange(0, CAPACITY)
+                bits = tl.load(p_bits + o_c)
+                position = tl.load(p_pos + o_c)
         m_c = o_c < num_candidates
-        bits = tl.load(p_bits + o_c, mask=m_c, other=0)
         key = tl.where(m_c, orderable_key(bits.to(tl.float32, bitcast=True)), KEY_NONE)
-        key_cut, position_cut = cut_of_candidates(key, p_pos, m_c, need, WAYS, BINS)
-        position = tl.load(p_pos + o_c, mask=m_c, other=0)
+        key_cut, position_cut = cut_of_candidates(key, position, m_c, need, threshold, top,
+                                                  WAYS, BINS)
         is_selected = m_c & ((key > key_cut) | ((key == key_cut) & (position <= position_cut)))
         p_bitmap = bitmap_ptr + i_row.to(tl.int64) * words_per_row
         p_prefix = prefix_ptr + i_row.to(tl.int64) * words_per_row

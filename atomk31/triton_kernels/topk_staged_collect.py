@@ -17,6 +17,7 @@ collect, so the finish is unchanged; the order of candidates in the buffer is an
 import triton
 import triton.language as tl
 
+from atomk31.triton_kernels.topk_collect import wait_for_previous_launch
 from atomk31.triton_kernels.topk_warp_collect import score_of_key
 
 
@@ -114,10 +115,12 @@ def topk_staged_collect_kernel(
     WARP_SYNC: tl.constexpr,  # NVIDIA with one warp per program: see sync_warp
     RANK_ASM: tl.constexpr = "",  # NVIDIA, one warp: ballot_rank_asm(BLOCK // 32); "": cumsum
     RANK_CONSTRAINTS: tl.constexpr = "",
+    PDL: tl.constexpr = False,  # launched with launch_pdl: see wait_for_previous_launch
 ):
     """topk_warp_collect_kernel's result (same buffers, counter[row] ends as the row's number
     of candidates, only the first `candidate_capacity` stored): the scores >= T0 of the chunk
     (chunk_size a multiple of BLOCK), through the program's staging slice."""
+    wait_for_previous_launch(PDL)
     i_row = tl.program_id(0)
     i_chunk = tl.program_id(1)
     length = tl.load(lengths_ptr + i_row).to(tl.int32)

@@ -21,6 +21,8 @@ once, so the round trip is not overlapped).
 import triton
 import triton.language as tl
 
+from atomk31.triton_kernels.topk_collect import wait_for_previous_launch
+
 
 @triton.jit
 def score_of_key(key):
@@ -49,7 +51,7 @@ def topk_warp_collect_kernel(
     # sizes and strides
     chunk_size, stride_scores_row, candidate_capacity,
     # meta-parameters
-    BLOCK: tl.constexpr, STAGES: tl.constexpr,
+    BLOCK: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Positions and score bits of the chunk's scores >= T0 -> the row's buffer (any order);
     counter[row] ends as the row's number of candidates (it may exceed the capacity: then
@@ -57,6 +59,7 @@ def topk_warp_collect_kernel(
     STAGES > 1: the full tiles' loads are software pipelined that many tiles deep (cp.async
     into shared memory on NVIDIA: bytes in flight without registers); 1: the next tile's
     load issued by hand before the current tile is filtered (registers)."""
+    wait_for_previous_launch(PDL)
     i_row = tl.program_id(0)
     i_chunk = tl.program_id(1)
     length = tl.load(lengths_ptr + i_row).to(tl.int32)

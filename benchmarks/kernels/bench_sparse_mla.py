@@ -60,6 +60,20 @@ Final round (GEMM 743 TFLOP/s): 64 rows default 123.0 = 28.1% of GEMM, triton 15
 multiplies a thread on most tiles, but ~12 stack reloads a tile under 3.6) lost: 140.8 and
 45.0 us (predicted ~114 and ~38), and was removed.
 
+Session 6: the warp-specialized Gluon kernel (gluon_kernels/sparse_mla_hopper_ws.py,
+"gluon_hopper_ws", the default on Hopper since round 2): a producer warpgroup gathers and
+converts the keys into two FP16 buffers, warpgroup 0 scores all 64 keys of a tile (N = 64)
+and runs the softmax, warpgroup 1 adds its half of the values from P in shared memory;
+mbarriers hand the buffers over. Orders of the products (schedule): late_values (default),
+scores_first "sf", values_first "vf". Round 1 (H200, graph us; GEMM 700 TFLOP/s; predicted
+64 rows ~70): 64 rows sf 99.2 (39.5% of GEMM), vf 100.3, one-role 121.6, triton 153.2; 16
+rows sf / vf 33.9, sf with 2 / 8 splits 50.2 / 46.4, one-role 39.3. Round 2 (GEMM 730
+TFLOP/s; queries staged in one read, no spare product after the last tile): 64 rows
+late_values 87.4 (42.9%), sf 90.6, one-role 122.6, triton 154.8; 16 rows 32.3 / 32.5 / 39.7 /
+47.7. The producer asking L2 for the next tile's rows (or the one after) lost: sf 95.7 /
+98.3, late_values 93.3, 16 rows 34.3 (removed). Final-round predictions: 64 rows default
+~87, sf ~91; 16 rows default ~32.
+
 Usage: python -m benchmarks.kernels.bench_sparse_mla [--out DIR] [--rows 16 64] [--quick]
 """
 
@@ -128,6 +142,14 @@ VARIANTS = {
         # staging since removed).
         "triton": {"kernel": "triton"},
         "gluon_hopper": {"kernel": "gluon_hopper"},
+        # Session 6: warp-specialized (gluon_kernels/sparse_mla_hopper_ws.py, the default
+        # since, its order late_values): a producer warpgroup converts the keys, the value
+        # products run under the softmax; sf / vf: its other orders (see its SCHEDULE). The
+        # producer's L2 requests for the next tile's rows lost (removed; numbers above).
+        "gluon_hopper_ws_sf": {"kernel": "gluon_hopper", "warp_specialized": True,
+                               "schedule": "scores_first"},
+        "gluon_hopper_ws_vf": {"kernel": "gluon_hopper", "warp_specialized": True,
+                               "schedule": "values_first"},
     },
     16: {
         "bh64_bn64_s1_sp16_vm": knobs(64, 64, 1, 1, num_splits=16, via_memory=True),
@@ -146,10 +168,17 @@ VARIANTS = {
         "triton": {"kernel": "triton"},
         "gluon_hopper": {"kernel": "gluon_hopper"},
         "gluon_hopper_sp8": {"kernel": "gluon_hopper", "num_splits": 8},
+        "gluon_hopper_ws_sf": {"kernel": "gluon_hopper", "warp_specialized": True,
+                               "schedule": "scores_first"},
+        "gluon_hopper_ws_sp2": {"kernel": "gluon_hopper", "warp_specialized": True,
+                                "num_splits": 2},
+        "gluon_hopper_ws_sp8": {"kernel": "gluon_hopper", "warp_specialized": True,
+                                "num_splits": 8},
     },
 }
-# The final round's set: the defaults' measured forms and the candidates to replace them.
-QUICK = {64: ["triton"], 16: ["triton"]}
+# The round's set: the defaults' measured forms and the candidates to replace them.
+# "default" is the warp-specialized kernel since session 6; "gluon_hopper" the one-role one.
+QUICK = {64: ["triton", "gluon_hopper", "gluon_hopper_ws_sf"], 16: ["triton", "gluon_hopper"]}
 
 
 def make_latent_cache(num_blocks: int, device: str) -> torch.Tensor:
@@ -200,9 +229,11 @@ def bench_rows(num_rows: int, cache: torch.Tensor, copy_bw: float, matmul_rate: 
             result[name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
             print(f"{num_rows:>4} {name:<30} FAILED {result[name]['error'][:80]}", flush=True)
             continue
+        default_ms = result.get("default", {}).get("ms", graph_ms)
         print(f"{num_rows:>4} {name:<30} graph {graph_ms * 1e3:8.1f} us  eager "
               f"{eager_ms * 1e3:8.1f} us  {flops / (graph_ms * 1e-3) / matmul_rate:6.1%} of GEMM"
-              f"  err/bound {error / ERROR_BOUND:.3f}", flush=True)
+              f"  {default_ms / graph_ms:5.2f}x default  err/bound {error / ERROR_BOUND:.3f}",
+              flush=True)
         result[name] = {"ms": graph_ms, "eager_ms": eager_ms,
                         "matmul_fraction": flops / (graph_ms * 1e-3) / matmul_rate,
                         "tflops": flops / (graph_ms * 1e-3) / 1e12,

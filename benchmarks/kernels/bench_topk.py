@@ -8,13 +8,15 @@ exact definition) on every case before it is timed.
 
 Times are CUDA-graph replays (`time_graph_ms`: what a captured decode step pays; the scores
 stay in L2 between replays where they fit, as after the indexer that writes them); "triton"
-and "warp ways16" are also timed eagerly (`time_ms`) and stage by stage (cumulative graph
-times of the first stages alone; "all" is the whole launch). Variants: "triton" is the
-launcher's defaults (the staged collect ranking candidates with warp ballots, the finish's
-cut search at 64 ways); "warp ways16" round 1's defaults (the warp collect: an atomic add
-per tile); "cumsum" the staged collect ranking with tl.cumsum; "ways16" the search at 16
-ways; "fused ovf" the overflow rescan inside the finish (one launch fewer); the tuning
-variants change one option of the defaults.
+and "split" are also timed eagerly (`time_ms`) and stage by stage (cumulative graph times of
+the first stages alone; "all" is the whole launch). Variants: "triton" is the launcher's
+defaults (at 64 rows on NVIDIA: stage 1 one program per row that also finds T0, the staged
+collect ranking candidates with warp ballots, the overflow rescan inside the finish, whose
+search runs 128 ways); "split" session 6 round 2's defaults (stages 1 and 2 apart, the
+overflow kernel, 64 ways); "pdl" the defaults with programmatic dependent launch; "ovf
+kernel" the defaults with the overflow rescan in its own kernel (faster when rows overflow:
+the all-equal case); the tuning variants change one option of the defaults ("coll 24/sm":
+24 one-warp collect programs per multiprocessor instead of 16).
 Peers from the same run: torch.topk (best first, no tie rule: the goal's peer) and
 torch.topk followed by a sort of its positions (the same output order as ours, for honesty).
 Ratios: torch.topk time over ours (graph), and the scores' bytes read once per time over the
@@ -51,24 +53,22 @@ CASES = {
 QUICK_CASES = ["normal_128K", "normal_1M", "equal_128K", "rising_128K"]
 # Round 3's final defaults on the H200 (2026-11-29, graph us): best-first output, sorting finish.
 ROUND3_US = {"normal_128K": 91.5, "normal_1M": 268.3, "equal_128K": 99.1, "rising_128K": 65.9}
-# Session 4 round 1 (graph us): staged collect with ballots, bitmap finish, search ways 16.
-ROUND1_US = {"normal_128K": 55.2, "normal_1M": 197.0, "equal_128K": 104.9,
-             "rising_128K": 52.6}
+# Session 5's final run (graph us): its defaults.
+SESSION5_US = {"normal_128K": 52.6, "normal_1M": 192.9, "equal_128K": 91.2,
+               "rising_128K": 51.6}
 # Timed on every case: the defaults and what they replaced.
 MAIN_VARIANTS = {
-    "triton": {},  # the launcher's defaults: staged collect with ballots, search ways 64
-    "warp ways16": {"collect": "warp", "search_ways": 16},  # round 1's defaults
-    "cumsum": {"staged_ballot": False},
-    "ways16": {"search_ways": 16},
-    "fused ovf": {"fuse_overflow": True},
+    "triton": {},  # the launcher's defaults
+    "split": {"fuse_threshold": False, "fuse_overflow": False, "search_ways": 64},
+    "pdl": {"pdl": True},
+    "ovf kernel": {"fuse_overflow": False},
 }
 # Timed on the normal cases only: one option of the defaults changed.
 TUNING_VARIANTS = {
-    "pieces1": {"staging_pieces": 1},
-    "tile512": {"collect_block": 512},
-    "thr4": {"threshold_warps": 4},
+    "coll 24/sm": {"collect_programs_per_sm": 24},
+    "ways64": {"search_ways": 64},
 }
-STAGED = ("triton", "warp ways16")  # also timed eagerly and stage by stage
+STAGED = ("triton", "split")  # also timed eagerly and stage by stage
 STAGE_NAMES = ("gmax", "+thr", "+coll", "+ovf", "all")
 PEERS = ("torch.topk", "torch.topk+sort")
 
@@ -156,8 +156,8 @@ def print_case(r: dict, copy_bw: float) -> None:
           f"torch.topk {g['torch.topk'] * 1e3:.1f} (eager {e['torch.topk'] * 1e3:.1f}), "
           f"torch.topk+sort {g['torch.topk+sort'] * 1e3:.1f}; exact torch op eager "
           f"{e['torch_exact'] * 1e3:.0f}; round 3 final "
-          f"{ROUND3_US.get(r['case'], float('nan')):.1f}, session 4 round 1 staged ballot "
-          f"{ROUND1_US.get(r['case'], float('nan')):.1f}", flush=True)
+          f"{ROUND3_US.get(r['case'], float('nan')):.1f}, session 5 final "
+          f"{SESSION5_US.get(r['case'], float('nan')):.1f}", flush=True)
 
 
 def print_variant(r: dict, variant: str, copy_bw: float) -> None:

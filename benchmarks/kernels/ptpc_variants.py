@@ -62,7 +62,7 @@ def hopper_variants(n: int, m: int) -> list[Variant]:
     takes the shape, else the Triton kernels): the default of graph-replayed launches, the
     other family's default, the Gluon kernel without the overlapped epilogue and (from 4096) in
     192 x 128 tiles, and up to 256 tokens its 128 x 64 tiles (o_proj M = 128: 112 tiles; session
-    5: 0.031 ms graph, 0.06-0.16 eager). A variant equal to the default prints "same config as
+    5: 0.031 ms graph, 0.06-0.16 eager) and 6-stage 128 x 128 tiles. A variant equal to the default prints "same config as
     default". Session 5 round 1 measured the rest (128 x 64 from 1024, 5 stages, one program per
     tile: slower)."""
     from atomk31.triton_kernels.ptpc_fp8_config import HOPPER_GLUON_CONFIG, HOPPER_TMA_CONFIG
@@ -78,7 +78,10 @@ def hopper_variants(n: int, m: int) -> list[Variant]:
         variants.append(Variant("gluon 192x128 s3", gluon(block_m=192, num_stages=3),
                                 measure_error=True))
     if m <= 256:
-        variants.append(Variant("gluon 128x64 s6", gluon(block_n=64, num_stages=6)))
+        # one wave or less of tiles: more K steps in flight per SM (6 x 32 KiB: 225 KiB of
+        # shared memory with the bf16 output tile) where fewer SMs pull the weights
+        variants += [Variant("gluon 128x64 s6", gluon(block_n=64, num_stages=6)),
+                     Variant("gluon 128x128 s6", gluon(num_stages=6))]
     return variants
 
 

@@ -276,5 +276,7 @@ EXAMPLES: dict[str, Callable[[], None]] = {
     "topk": topk(with_slots=False),
     "topk[slots]": topk(with_slots=True),
     "topk[warp collect]": topk(with_slots=False, collect="warp"),
-    "topk[fused overflow]": topk(with_slots=False, fuse_overflow=True),
+    "topk[overflow kernel]": topk(with_slots=False, fuse_overflow=False),
+    "topk[fused threshold]": topk(with_slots=False, fuse_threshold=True),
+    "topk[pdl]": topk(with_slots=False, pdl=True),
 }

@@ -53,6 +53,18 @@ def gluon_config(**fields) -> GemmConfig:
     return GemmConfig(**{**GLUON.__dict__, **fields})
 
 
+def test_gluon_stages_that_fit_the_output_tile():
+    from atomk31.triton_kernels.ptpc_fp8 import gluon_stages_that_fit
+    from atomk31.triton_kernels.ptpc_fp8_config import (
+        HOPPER_GLUON_NARROW_CONFIG, HOPPER_GLUON_ONE_WAVE_CONFIG,
+    )
+
+    assert gluon_stages_that_fit(HOPPER_GLUON_ONE_WAVE_CONFIG, torch.bfloat16).num_stages == 6
+    assert gluon_stages_that_fit(HOPPER_GLUON_ONE_WAVE_CONFIG, torch.float32).num_stages == 5
+    assert gluon_stages_that_fit(HOPPER_GLUON_NARROW_CONFIG, torch.float32).num_stages == 6
+    assert gluon_stages_that_fit(GLUON, torch.float32) == GLUON
+
+
 def test_gluon_launcher_refuses_mismatched_shapes_and_dtypes():
     from gluon_kernels.ptpc_fp8_hopper import ptpc_gemm_hopper
 
@@ -138,19 +150,20 @@ def test_pick_config_takes_gluon_on_hopper_for_large_gemms(m, n, k, uses_gluon):
     (256, 7168, 6144, "one wave"),    # shared down: 112 tiles of 128 x 128, under 132 SMs
     (128, 12288, 7168, "one wave"),   # shared gate_up: 96 tiles
     (128, 18432, 1536, "wide"),       # q_b: 144 tiles, 7 GFLOP: no FLOP floor when replayed
-    (128, 24576, 512, "one wave"),    # kv_b: 192 tiles, but K = 512: no overlap
+    (128, 24576, 512, "short K"),     # kv_b: 192 tiles, but K = 512: no overlap
     (128, 576, 7168, None),           # kv_a: 9 tiles of 128 x 64
     (64, 7168, 12288, None),          # below HOPPER_GLUON_MIN_M
 ])
 def test_replayed_launches_drop_the_flop_floor_and_take_narrow_tiles(m, n, k, expected):
     from atomk31.triton_kernels.ptpc_fp8_config import (
         HOPPER_GLUON_CONFIG, HOPPER_GLUON_NARROW_CONFIG, HOPPER_GLUON_NO_OVERLAP_CONFIG,
-        GemmTarget, pick_config_for_target,
+        HOPPER_GLUON_ONE_WAVE_CONFIG, GemmTarget, pick_config_for_target,
     )
 
     hopper = GemmTarget(num_sms=132, is_amd=False, has_tma_ws=True)
     want = {"narrow": HOPPER_GLUON_NARROW_CONFIG, "wide": HOPPER_GLUON_CONFIG,
-            "one wave": HOPPER_GLUON_NO_OVERLAP_CONFIG}.get(expected)
+            "one wave": HOPPER_GLUON_ONE_WAVE_CONFIG,
+            "short K": HOPPER_GLUON_NO_OVERLAP_CONFIG}.get(expected)
     chosen = pick_config_for_target(m, n, k, hopper, replayed=True)
     assert chosen == want if want is not None else chosen.kernel == "triton"
     # eager launches keep the FLOP floor: none of these small GEMMs takes Gluon
@@ -301,8 +314,11 @@ AWKWARD = [(1, 200, 272), (7, 72, 1040), (129, 328, 400), (1000, 520, 1168), (10
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("config", [GLUON, gluon_config(block_n=64, num_stages=3),
-                                    gluon_config(persistent=False), GLUON_192],
-                         ids=["128x128-s4", "128x64-s3", "one-tile-per-program", "192x128-s3"])
+                                    gluon_config(persistent=False), GLUON_192,
+                                    gluon_config(num_stages=5),
+                                    gluon_config(block_n=64, num_stages=6)],
+                         ids=["128x128-s4", "128x64-s3", "one-tile-per-program", "192x128-s3",
+                              "128x128-s5", "128x64-s6"])
 @pytest.mark.parametrize("m,n,k", AWKWARD, ids=[f"M{m}-N{n}-K{k}" for m, n, k in AWKWARD])
 def test_gluon_ptpc_gemm_awkward_shapes_gpu(m, n, k, config):
     check_against_torch(m, n, k, config)
@@ -326,6 +342,34 @@ def test_launcher_default_is_gluon_for_large_gemms_on_hopper_gpu():
 
     assert pick_config(2048, 7168, 12288) == HOPPER_GLUON_CONFIG
     assert pick_config(128, 7168, 12288).kernel == "triton"      # 56 tiles: the Triton kernel
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("m,n,k", [(128, 7168, 12288), (128, 12288, 7168), (256, 7168, 6144),
+                                   (128, 24576, 512)],
+                         ids=["o_proj-M128", "gate_up-M128", "down-M256", "kv_b-M128"])
+def test_replayed_launches_take_gluon_at_decode_shapes_gpu(m, n, k):
+    """What a graph-captured decode step launches (ptpc_fp8_config's replayed rule), through
+    the op, against torch."""
+    from atomk31.triton_kernels.ptpc_fp8 import pick_config
+    from atomk31.triton_kernels.runtime import replayed_launches
+
+    with replayed_launches():
+        assert pick_config(m, n, k).kernel == "gluon_hopper"
+        check_against_torch(m, n, k, None, torch.bfloat16, through_op=True)
+        # a float32 output tile leaves room for fewer stages (gluon_stages_that_fit)
+        check_against_torch(m, n, k, None, torch.float32, through_op=True)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("m,n,k", AWKWARD, ids=[f"M{m}-N{n}-K{k}" for m, n, k in AWKWARD])
+def test_gluon_one_wave_config_awkward_shapes_bf16_gpu(m, n, k):
+    """The 6-stage 128 x 128 config fits beside a bf16 output tile only."""
+    from atomk31.triton_kernels.ptpc_fp8_config import HOPPER_GLUON_ONE_WAVE_CONFIG
+
+    check_against_torch(m, n, k, HOPPER_GLUON_ONE_WAVE_CONFIG, torch.bfloat16)
 
 
 @pytest.mark.gpu

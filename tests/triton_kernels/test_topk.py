@@ -48,8 +48,9 @@ def test_topk_triton_interpreter_matches_torch(interpreted, case):
     assert torch.equal(got, topk_positions_torch(scores, k, lengths))
 
 
-@pytest.mark.parametrize("search_ways", [2, 16], ids=["ways2", "ways16"])
-def test_topk_triton_interpreter_finish_cut_in_ties(interpreted, search_ways):
+@pytest.mark.parametrize("search_ways, fuse_overflow", [(2, True), (16, False), (128, True)],
+                         ids=["ways2", "ways16_overflow_kernel", "ways128"])
+def test_topk_triton_interpreter_finish_cut_in_ties(interpreted, search_ways, fuse_overflow):
     # The finish's cut falls inside a run of ties (3 levels), split by position; the -inf and
     # -0.0 / +0.0 scores of make_scores land inside the answer of the short row; the bitmap's
     # prefix sum spans several scan steps (16 words each under the interpreter: 512
@@ -57,15 +58,17 @@ def test_topk_triton_interpreter_finish_cut_in_ties(interpreted, search_ways):
     scores = make_scores(3, 1100, 3, seed=11)
     lengths = torch.tensor([1100, 70, 0])
     got = interpreted.topk_triton(scores, 100, lengths, programs_per_row=2,
-                                  search_ways=search_ways, threshold_ways=search_ways)
+                                  search_ways=search_ways, threshold_ways=search_ways,
+                                  fuse_overflow=fuse_overflow)
     assert torch.equal(got, topk_positions_torch(scores, 100, lengths))
 
 
 @pytest.mark.parametrize("options", [{}, {"staging_pieces": 1},
                                      {"staging_pieces": 1, "collect_programs_per_sm": 64},
-                                     {"programs_per_row": 1, "collect_programs_per_sm": 1}],
+                                     {"programs_per_row": 1, "collect_programs_per_sm": 1},
+                                     {"fuse_threshold": True}],
                          ids=["staged", "staged_pieces1", "staged_pieces1_64_per_sm",
-                              "staged_1_per_row"])
+                              "staged_1_per_row", "fused_threshold"])
 def test_topk_triton_interpreter_staged_collect(interpreted, options):
     # The staged collect: distinct scores (row 0), rising runs of ties whose candidates crowd
     # the last chunks (row 1: a slice of one tile flushes on almost every tile), all equal
@@ -99,7 +102,7 @@ def test_topk_triton_interpreter_overflow_bisects_row(interpreted, capacity_fact
     scores = ((position % 64) * 8 + (position // 64) // 3).float()[None].repeat(2, 1)
     lengths = torch.tensor([700, 333])
     got = interpreted.topk_triton(scores, 20, lengths, programs_per_row=3,
-                                  capacity_factor=capacity_factor)
+                                  capacity_factor=capacity_factor, fuse_overflow=False)
     assert torch.equal(got, topk_positions_torch(scores, 20, lengths))
 
 
@@ -135,12 +138,13 @@ def test_topk_triton_interpreter_collect_variants(interpreted, options):
 
 
 @pytest.mark.parametrize("options", [{"collect": "warp", "collect_programs_per_sm": 64},
-                                     {"capacity_factor": 1},
+                                     {"capacity_factor": 1, "fuse_overflow": False},
                                      {"capacity_factor": 1, "fuse_overflow": True},
                                      {"collect": "warp", "threshold_slack": 0,
-                                      "collect_block": 32, "collect_stages": 1}],
+                                      "collect_block": 32, "collect_stages": 1},
+                                     {"fuse_threshold": True, "threshold_slack": -1}],
                          ids=["warp_64_per_sm", "capacity1", "capacity1_fused_rescan",
-                              "slack0_block32_prefetch1"])
+                              "slack0_block32_prefetch1", "fused_exact_threshold"])
 def test_topk_triton_interpreter_ties_and_overflow_variants(interpreted, options):
     # Rising and falling scores with runs of ties (row 2 flipped), a -inf tail (row 1), short
     # rows: many warp programs (some past a row's end), a buffer of k that every row overflows
@@ -204,7 +208,11 @@ def test_topk_triton_rejects_block_size_not_power_of_two(interpreted):
 
 # The launches the final H200 run measures beside the default (a default may move to one).
 GPU_PIPELINES = {"warp": {"collect": "warp"}, "cumsum": {"staged_ballot": False},
-                 "ways16": {"search_ways": 16}}
+                 "ways16": {"search_ways": 16}, "pdl": {"pdl": True},
+                 # the default at >= 64 rows (these batches have 8)
+                 "fused_threshold": {"fuse_threshold": True},
+                 # session 6 round 2's launch: stages 1 and 2 apart, the overflow kernel
+                 "split": {"fuse_threshold": False, "fuse_overflow": False, "search_ways": 64}}
 
 
 def mixed_rows(length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -288,11 +296,11 @@ def test_topk_triton_gpu_writes_slots(length, pipeline):
                                      {"collect": "staged", "staged_ballot": True,
                                       "collect_block": 512, "staging_pieces": 1},
                                      {"threshold_warps": 4, "finish_warps": 8},
-                                     {"fuse_overflow": True}],
+                                     {"fuse_overflow": False}],
                          ids=["exact_threshold", "group_max_stages1", "warp_prefetch1",
                               "staged_pieces1",
                               "staged_tile512", "ballot_tile512_pieces1",
-                              "threshold4_finish8_warps", "fused_overflow"])
+                              "threshold4_finish8_warps", "overflow_kernel"])
 def test_topk_triton_gpu_tuning_variants(options):
     from atomk31.triton_kernels.topk import topk_triton
 
@@ -309,7 +317,7 @@ def test_topk_triton_gpu_tuning_variants(options):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("search_ways", [4, 16, 64], ids=lambda w: f"ways{w}")
+@pytest.mark.parametrize("search_ways", [4, 16, 64, 128], ids=lambda w: f"ways{w}")
 def test_topk_triton_gpu_finish_variants(search_ways):
     from atomk31.triton_kernels.topk import topk_triton
 
@@ -336,3 +344,27 @@ def test_topk_triton_gpu_repeated_calls_stay_exact():
     for options in ({}, {"collect": "warp"}, {"staged_ballot": False}):
         for _ in range(20):
             assert torch.equal(topk_triton(scores, 2048, lengths, **options), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pipeline", [None, "fused_threshold", "pdl", "split"])
+def test_topk_triton_gpu_graph_replays_stay_exact(pipeline):
+    from atomk31.triton_kernels.topk import topk_triton
+
+    # What a decode step runs: the launches captured in a CUDA graph (with programmatic
+    # dependent launch, each kernel starts under the previous one's tail and waits), replayed
+    # on new scores each time; a missed wait would read stale maxima, thresholds or
+    # candidates.
+    scores, lengths = mixed_rows(131072)
+    options = GPU_PIPELINES.get(pipeline, {})
+    topk_triton(scores, 2048, lengths, **options)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = topk_triton(scores, 2048, lengths, **options)
+    for seed in range(8):
+        new_scores, _ = mixed_rows(131072)
+        new_scores[0] = torch.randn(131072, generator=torch.Generator().manual_seed(seed))
+        scores.copy_(new_scores)
+        graph.replay()
+        assert torch.equal(got, topk_positions_torch(scores, 2048, lengths)), seed

@@ -1,0 +1,384 @@
+"""Sparse MLA decode on Hopper in Gluon, warp-specialized: a key producer and two consumers.
+
+Contract and numerics: those of gluon_kernels/sparse_mla_hopper.py (FP16 products of the FP8
+latent and of the queries scaled into FP16's range per vector, fp32 accumulation, -1 slots
+masked, a row with no valid key gives 0 and lse -inf), whose key conversion it reuses.
+
+Why. The one-role kernel measured ~6,300 clocks a tile against ~2,700 of tensor and
+shared-memory work: both warpgroups wait on every product, then convert the next keys and run
+the softmax with the tensor cores idle. Here the roles are split across warps
+(gl.warp_specialize), as in FlashMLA's sparse FP8 decode (csrc/sm90/decode/sparse_fp8):
+  - key producer (worker, 4 warps): per 64-key tile, loads the FP8 rows into registers (16 B a
+    thread; their slots a tile ahead) while waiting for a free key buffer, converts them to
+    FP16 into it (two [64, 576] buffers) with the tile's score bias (0, or -inf for a -1 slot
+    or a key past the split), then signals `k_ready`;
+  - scorer (default partition = warpgroup 0): stages the queries, S [64 heads, 64 keys] =
+    Q K^T (m64n64k16: the queries read from shared memory once per 64 keys), the online
+    softmax, P (FP16) and the per-head rescale factor into shared memory (`p_ready`),
+    O[:, :256] += P V[:, :256];
+  - value worker (warpgroup 1): on `p_ready`, rescales its O[:, 256:] and adds P V[:, 256:];
+    frees P (`p_free`) and, with the scorer, the key buffer (`k_free`, 2 arrivals). At the end
+    the scorer hands it 1 / l through shared memory (`epilogue`).
+Every hand-off is an mbarrier: the writing partition's threads store, fence the async proxy
+(wgmma reads shared memory through it), meet at their partition's barrier, and one thread
+arrives; the readers wait on the phase (tile i of buffer i % 2 completes phase (i // 2) & 1).
+Shared memory: queries 73,728 B + two key buffers 147,456 B + P 8,192 B + 1 KB of factors
+and biases + barriers and scratch: 230,736 B of a CTA's 232,448. 96 heads are two CTAs of 64
+heads (the second half empty): 1.33x the counted products. Registers (setmaxnreg, 384
+threads share 65,536): the scorer S (32 a thread), O's half (128) and the softmax; the value
+worker O's half; the producer one tile of FP8 rows (72).
+
+SCHEDULE: the order of a tile's products on the tensor cores (they run one at a time). Tile
+i + 1's key buffer frees only once tile i - 1's value products are done, then the producer
+needs ~600-700 clocks to convert into it; the next softmax needs the next scores.
+  LATE_VALUES (the default): the scorer's value product of tile i, then tile i + 1's scores;
+    P is announced to the value worker only once those scores are queued, so its half of
+    the values runs under the next softmax.
+  SCORES_FIRST: the scorer issues tile i + 1's scores before its value product of tile i and
+    waits for the scores only (its next softmax under that value product; but tile i's
+    values finish late, so the conversion into their buffer is waited for).
+  VALUES_FIRST: value products first, P announced at once (the softmax exposed).
+
+Offline sm_90 (triton 3.6, the H200's): scorer 224 registers, value worker 160, producer 120;
+24 B of stack (a producer loop scalar, reloaded once a tile; the scorer's epilogue pointers,
+once a CTA; nothing in the consumers' loops); a tile's loop: scorer ~543 instructions a
+thread (40 wgmma, 34 ex2, 128 for O's rescale), value worker 173, producer 362 (18 16-byte
+row loads, 144 e4m3x2 -> f16x2, 36 16-byte stores). Triton 3.9 (ptxas 13.x): the scorer
+spills (224-232 B) and, with SCORES_FIRST, ptxas serializes every wgmma (C7515).
+Measured (H200, graph us, 96 heads x 2048 keys; predicted 64 rows ~70). Round 1 (GEMM 700
+TFLOP/s; the one-role kernel 121.6 / 39.3, Triton 153.2 / 47.6): 64 rows SCORES_FIRST 99.2,
+VALUES_FIRST 100.3; 16 rows (4 splits) 33.9 both, 2 / 8 splits 50.2 / 46.4. Then: the
+queries staged in one read (~1,470 instructions before the first product, were ~1,660), no
+spare score product after the last tile. Round 2 (GEMM 730 TFLOP/s; one-role 122.6 / 39.7,
+Triton 154.8 / 47.7): 64 rows LATE_VALUES 87.4 (42.9% of GEMM), SCORES_FIRST 90.6; 16 rows
+32.3 / 32.5. Asking L2 for the rows of the next tile (or the one after) as a tile's loads go
+out (prefetch.global.L2, 4 a thread) lost: 95.7 / 98.3 (SCORES_FIRST), 93.3 (LATE_VALUES),
+34.3 at 16 rows; removed. A tile ~2.0 us (16 rows, 2 vs 4 splits, round 1) against ~1.7 us
+of products at the GEMM rate: the rest is fixed cost (launch, query staging, the first
+gather, 12.6 MB of fp32 output at 64 rows, the partials and their merge at 16).
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
+
+from gluon_kernels.sparse_mla_hopper import (
+    BLOCK_H,
+    BLOCK_N,
+    ROPE_DIM,
+    VALUE_DIM,
+    _store_keys,
+    cta_barrier,
+)
+
+HALF_VALUE = gl.constexpr(256)  # value columns per consumer warpgroup
+ROLE_WARPS = gl.constexpr(4)  # every role is one warpgroup
+VALUE_REGISTERS = gl.constexpr(160)  # the value worker: O's half (128) and addresses
+PRODUCER_REGISTERS = gl.constexpr(120)  # the producer: one tile of FP8 rows (72) and addresses
+SCORES_FIRST = gl.constexpr(0)  # the scorer's products' orders (SCHEDULE): module docstring
+VALUES_FIRST = gl.constexpr(1)
+LATE_VALUES = gl.constexpr(2)
+SCHEDULES = {"scores_first": 0, "values_first": 1, "late_values": 2}  # the launcher's names
+# The scorer gets what is left: triton 3.6 gives it 224 (setmaxnreg).
+
+
+@gluon.jit
+def _stage_queries_once(q_row_ptr, head0, num_heads, stride_q_head, q_nope, q_rope,
+                        LAYOUT: gl.constexpr):
+    """The queries into shared memory in FP16, each vector scaled by 2^e bringing its largest
+    |element| into [2^14, 2^15) (mla_fp16_query's rule and rounding, as the one-role kernel's
+    _stage_queries), from one read: all 576 columns of the 64 heads are loaded at once (144
+    registers a thread of bf16 / fp16 pairs; the maxima are exact in that type), not in two
+    passes of [64, 128] pieces (round 1: ~1,660 instructions before the first product, now
+    ~1,470, fewer dependent round trips). Returns 2^-e per head."""
+    o_h = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, LAYOUT))
+    o_nope = gl.arange(0, VALUE_DIM, layout=gl.SliceLayout(0, LAYOUT))
+    o_rope = VALUE_DIM + gl.arange(0, ROPE_DIM, layout=gl.SliceLayout(0, LAYOUT))
+    rows = q_row_ptr + o_h[:, None] * stride_q_head
+    heads = o_h[:, None] < num_heads
+    nope = gl.load(rows + o_nope[None, :], mask=heads & (o_nope[None, :] >= 0), other=0.0)
+    rope = gl.load(rows + o_rope[None, :], mask=heads & (o_rope[None, :] >= 0), other=0.0)
+    amax = gl.maximum(gl.max(gl.abs(nope), axis=1), gl.max(gl.abs(rope), axis=1))
+    exponent = ((amax.to(gl.float32).to(gl.int32, bitcast=True) >> 23) & 255) - 127
+    e = gl.minimum(gl.maximum(14 - exponent, -126), 126)  # amax = 0: any e will do
+    scale = ((e + 127) << 23).to(gl.float32, bitcast=True)[:, None]
+    q_nope.store((nope.to(gl.float32) * scale).to(gl.float16))
+    q_rope.store((rope.to(gl.float32) * scale).to(gl.float16))
+    return ((127 - e) << 23).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _scores(q_nope, q_rope, k_nope, k_rope, s):
+    """S = Q K^T for the keys in (k_nope, k_rope), left running (wgmma, async)."""
+    s = warpgroup_mma(q_nope, k_nope.permute((1, 0)), s, use_acc=False, is_async=True)
+    return warpgroup_mma(q_rope, k_rope.permute((1, 0)), s, is_async=True)
+
+
+@gluon.jit
+def _next_scores(q_nope, q_rope, k_nope, k_rope, k_ready, phase, has_next, s):
+    """The next tile's scores once its keys are in; after the last tile none (the spare
+    product over settled keys that round 1 ran cost ~0.6 us a CTA)."""
+    if has_next:
+        mbarrier.wait(k_ready, phase)
+        scores = _scores(q_nope, q_rope, k_nope, k_rope, s)
+    else:
+        scores = warpgroup_mma_init(s)
+    return scores
+
+
+@gluon.jit
+def _scorer(q_row_ptr, head0, num_heads, stride_q_head, start, end,
+            score_scale_log2, value_scale, out_ptr, stride_out_head, lse_ptr, stride_lse_head,
+            q_nope, q_rope, k_nope, k_rope, key_bias, p_smem, alpha_smem, scale_smem,
+            k_ready, k_free, p_ready, p_free, epilogue, SCHEDULE: gl.constexpr):
+    """Warpgroup 0: queries, scores, softmax, P, and value columns 0..255, its products in
+    the order SCHEDULE (see the module docstring)."""
+    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF_VALUE, 16])
+    Q_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [ROLE_WARPS, 1], [1, 0])
+    q_unscale = _stage_queries_once(q_row_ptr, head0, num_heads, stride_q_head, q_nope, q_rope,
+                                    Q_LAYOUT)
+    fence_async_shared()  # the queries' ordinary stores, read by wgmma
+    cta_barrier()
+    # Per head: softmax scale x log2(e) x latent scale x 2^-e (the FP16 query's scale).
+    score_scale = score_scale_log2 * gl.convert_layout(q_unscale, gl.SliceLayout(1, S_LAYOUT))
+    num_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, S_LAYOUT))
+    l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, S_LAYOUT))
+    acc = gl.zeros([BLOCK_H, HALF_VALUE], gl.float32, O_LAYOUT)
+    s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_LAYOUT)
+    mbarrier.wait(k_ready.index(0), 0, pred=num_tiles > 0)
+    s = _scores(q_nope, q_rope, k_nope.index(0), k_rope.index(0), s)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    for i in range(num_tiles):
+        buffer = i % 2
+        # -inf for the tile's -1 slots and keys past the split (the producer's), else 0.
+        bias = key_bias.index(buffer).load(gl.SliceLayout(0, S_LAYOUT))
+        s = s * score_scale[:, None] + bias[None, :]
+        # Online softmax in base 2; a vector whose keys are all masked so far shifts by 0.
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - shift)
+        p = gl.exp2(s - shift[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_i = m_new
+        # The value worker has read the previous P and factors (its product has finished).
+        mbarrier.wait(p_free, (i + 1) & 1, pred=i > 0)
+        if SCHEDULE == SCORES_FIRST:
+            # This warpgroup's previous value product, left running under the softmax (the
+            # wait after the mbarrier's: ptxas moved it up into the softmax when before).
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        p_smem.store(p.to(gl.float16))
+        alpha_smem.store(alpha)
+        fence_async_shared()
+        cta_barrier()  # also: every warp's products over the previous tile have finished
+        if SCHEDULE != LATE_VALUES:
+            mbarrier.arrive(p_ready)
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+        values = k_nope.index(buffer).slice(0, HALF_VALUE, 1)
+        if SCHEDULE == SCORES_FIRST:
+            # The previous tile's buffer is free of this warpgroup's products; the next
+            # tile's scores go to the tensor cores first, then this tile's value product,
+            # which runs on under the next softmax.
+            mbarrier.arrive(k_free.index(1 - buffer), pred=i > 0)
+            s = _next_scores(q_nope, q_rope, k_nope.index(1 - buffer), k_rope.index(1 - buffer),
+                             k_ready.index(1 - buffer), ((i + 1) // 2) & 1, i + 1 < num_tiles,
+                             s)
+            acc = warpgroup_mma(p_smem, values, acc * alpha_o, is_async=True)
+            s, acc = warpgroup_mma_wait(num_outstanding=1, deps=(s, acc))
+        else:
+            acc = warpgroup_mma(p_smem, values, acc * alpha_o, is_async=True)
+            # The next tile's scores, queued behind the value product.
+            s = _next_scores(q_nope, q_rope, k_nope.index(1 - buffer), k_rope.index(1 - buffer),
+                             k_ready.index(1 - buffer), ((i + 1) // 2) & 1, i + 1 < num_tiles,
+                             s)
+            if SCHEDULE == LATE_VALUES:
+                mbarrier.arrive(p_ready)  # the value worker's half queues behind the scores
+            acc, s = warpgroup_mma_wait(num_outstanding=0, deps=(acc, s))
+            cta_barrier()  # every warp's products over this buffer have finished
+            mbarrier.arrive(k_free.index(buffer))
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+    # Normalized (partial) output and natural lse; no valid key: 0 and -inf.
+    has_keys = l_i > 0
+    l_safe = gl.where(has_keys, l_i, 1.0)
+    scale_smem.store(value_scale / l_safe)
+    cta_barrier()
+    mbarrier.arrive(epilogue)
+    o_scale = gl.convert_layout(value_scale / l_safe, gl.SliceLayout(1, O_LAYOUT))
+    _store_half(acc, o_scale, out_ptr, head0, num_heads, stride_out_head, 0, O_LAYOUT)
+    lse = gl.where(has_keys, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    o_h = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, S_LAYOUT))
+    gl.store(lse_ptr + o_h * stride_lse_head, lse, mask=o_h < num_heads)
+
+
+@gluon.jit
+def _store_half(acc, o_scale, out_ptr, head0, num_heads, stride_out_head,
+                COLUMN: gl.constexpr, O_LAYOUT: gl.constexpr):
+    """Value columns COLUMN..COLUMN+255 of the output, scaled per head."""
+    o_h = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, O_LAYOUT))
+    o_c = COLUMN + gl.arange(0, HALF_VALUE, layout=gl.SliceLayout(0, O_LAYOUT))
+    gl.store(out_ptr + o_h[:, None] * stride_out_head + o_c[None, :], acc * o_scale[:, None],
+             mask=(o_h[:, None] < num_heads) & (o_c[None, :] >= 0))
+
+
+@gluon.jit
+def _value_worker(head0, num_heads, start, end, out_ptr, stride_out_head,
+                  k_nope, p_smem, alpha_smem, scale_smem, k_free, p_ready, p_free, epilogue):
+    """Warpgroup 1: value columns 256..511, from the scorer's P and factors."""
+    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF_VALUE, 16])
+    num_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+    acc = gl.zeros([BLOCK_H, HALF_VALUE], gl.float32, O_LAYOUT)
+    for i in range(num_tiles):
+        buffer = i % 2
+        mbarrier.wait(p_ready, i & 1)
+        alpha = alpha_smem.load(gl.SliceLayout(1, O_LAYOUT))
+        acc = acc * alpha[:, None]
+        acc = warpgroup_mma(p_smem, k_nope.index(buffer).slice(HALF_VALUE, HALF_VALUE, 1), acc,
+                            is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        cta_barrier()  # every warp's product has finished reading P and the keys
+        mbarrier.arrive(p_free)
+        mbarrier.arrive(k_free.index(buffer))
+    mbarrier.wait(epilogue, 0)
+    o_scale = scale_smem.load(gl.SliceLayout(1, O_LAYOUT))
+    _store_half(acc, o_scale, out_ptr, head0, num_heads, stride_out_head, HALF_VALUE, O_LAYOUT)
+
+
+@gluon.jit
+def _tile_slots(row_slots, tile, end, LAYOUT: gl.constexpr):
+    """The selection's slots of keys tile..tile+BLOCK_N-1 (-1 past `end`)."""
+    o_n = tile + gl.arange(0, BLOCK_N, layout=LAYOUT)
+    return gl.load(row_slots + o_n, mask=o_n < end, other=-1)
+
+
+@gluon.jit
+def _row_offsets(slot, stride_cache_b, stride_cache_t, block_size, FLAT_SLOTS: gl.constexpr):
+    """Element offsets of the cache rows of `slot` (-1 slots: row 0)."""
+    slot = gl.maximum(slot, 0)
+    if FLAT_SLOTS:
+        return slot.to(gl.int64) * stride_cache_t
+    return (slot // block_size).to(gl.int64) * stride_cache_b \
+        + (slot % block_size).to(gl.int64) * stride_cache_t
+
+
+@gluon.jit
+def _gather(cache_ptr, slot, stride_cache_b, stride_cache_t, block_size, COLUMN: gl.constexpr,
+            WIDTH: gl.constexpr, LAYOUT: gl.constexpr, FLAT_SLOTS: gl.constexpr):
+    """Columns COLUMN..COLUMN+WIDTH-1 of the cache rows of `slot` (zeros for -1 slots)."""
+    row = _row_offsets(slot, stride_cache_b, stride_cache_t, block_size, FLAT_SLOTS)
+    o_c = COLUMN + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, LAYOUT))
+    return gl.load(cache_ptr + row[:, None] + o_c[None, :],
+                   mask=(slot >= 0)[:, None] & (o_c[None, :] >= 0), other=0.0)
+
+
+@gluon.jit
+def _key_producer(cache_ptr, row_slots, start, end, stride_cache_b, stride_cache_t, block_size,
+                  k_nope, k_rope, key_bias, k_ready, k_free, FLAT_SLOTS: gl.constexpr):
+    """Warps 8..11: each tile's FP8 rows -> FP16 key buffer (tile i into buffer i % 2), and
+    the scores' bias: -inf for a -1 slot or a key past the split, else 0. The slots are
+    loaded a tile ahead, so a tile's row loads wait on no slot load."""
+    # 16 bytes a thread, a warp over 4 rows x 128 bytes (nope) or 8 x 64 (rope).
+    NOPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [ROLE_WARPS, 1], [1, 0])
+    ROPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [ROLE_WARPS, 1], [1, 0])
+    KEY_LAYOUT: gl.constexpr = gl.BlockedLayout([1], [32], [ROLE_WARPS], [0])
+    NOPE_KEYS: gl.constexpr = gl.SliceLayout(1, NOPE_LAYOUT)
+    ROPE_KEYS: gl.constexpr = gl.SliceLayout(1, ROPE_LAYOUT)
+    num_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+    nope_slot = _tile_slots(row_slots, start, end, NOPE_KEYS)
+    rope_slot = _tile_slots(row_slots, start, end, ROPE_KEYS)
+    slot = _tile_slots(row_slots, start, end, KEY_LAYOUT)
+    for i in range(num_tiles):
+        buffer = i % 2
+        # In flight while the consumers still read this buffer's previous tile.
+        nope = _gather(cache_ptr, nope_slot, stride_cache_b, stride_cache_t, block_size, 0,
+                       VALUE_DIM, NOPE_LAYOUT, FLAT_SLOTS)
+        rope = _gather(cache_ptr, rope_slot, stride_cache_b, stride_cache_t, block_size,
+                       VALUE_DIM, ROPE_DIM, ROPE_LAYOUT, FLAT_SLOTS)
+        bias = gl.where(slot >= 0, 0.0, float("-inf"))
+        tile = start + (i + 1) * BLOCK_N
+        nope_slot = _tile_slots(row_slots, tile, end, NOPE_KEYS)
+        rope_slot = _tile_slots(row_slots, tile, end, ROPE_KEYS)
+        slot = _tile_slots(row_slots, tile, end, KEY_LAYOUT)
+        mbarrier.wait(k_free.index(buffer), ((i // 2) & 1) ^ 1, pred=i >= 2)
+        _store_keys(nope, rope, k_nope.index(buffer), k_rope.index(buffer))
+        key_bias.index(buffer).store(bias)
+        fence_async_shared()
+        cta_barrier()
+        mbarrier.arrive(k_ready.index(buffer))
+
+
+@gluon.jit
+def sparse_mla_hopper_ws_kernel(
+    # pointers
+    q_ptr,  # [Nq, H, 576] bf16 / fp16 absorbed queries
+    cache_ptr,  # fp8 e4m3 latent cache, rows of 576 on 16-byte boundaries
+    slots_ptr,  # [Nq, k] int32, -1 masked
+    out_ptr, lse_ptr,  # [Nq, H, splits, 512], [Nq, H, splits] fp32
+    # sizes
+    num_heads, num_selected, keys_per_split, block_size, num_head_blocks,
+    score_scale_log2, value_scale,
+    # strides (elements)
+    stride_q_row, stride_q_head, stride_cache_b, stride_cache_t, stride_slots_row,
+    stride_out_row, stride_out_head, stride_out_split, stride_lse_row, stride_lse_head,
+    # meta-parameters
+    FLAT_SLOTS: gl.constexpr,  # blocks back to back: a slot's row offset is slot x row stride
+    SCHEDULE: gl.constexpr = 2,  # SCORES_FIRST, VALUES_FIRST or LATE_VALUES: see above
+):
+    NOPE16: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, VALUE_DIM],
+                                                                gl.float16)
+    ROPE16: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, ROPE_DIM], gl.float16)
+    P_SHARED: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.float16)
+    VECTOR: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+
+    i_program = gl.program_id(0)
+    i_split = gl.program_id(1)
+    row = (i_program // num_head_blocks).to(gl.int64)
+    head0 = (i_program % num_head_blocks) * BLOCK_H
+    start = i_split * keys_per_split
+    end = gl.minimum(start + keys_per_split, num_selected)
+    row_slots = slots_ptr + row * stride_slots_row
+    out_split = out_ptr + row * stride_out_row + i_split * stride_out_split
+    lse_split = lse_ptr + row * stride_lse_row + i_split
+
+    q_nope = gl.allocate_shared_memory(gl.float16, [BLOCK_H, VALUE_DIM], NOPE16)
+    q_rope = gl.allocate_shared_memory(gl.float16, [BLOCK_H, ROPE_DIM], ROPE16)
+    k_nope = gl.allocate_shared_memory(gl.float16, [2, BLOCK_N, VALUE_DIM], NOPE16)
+    k_rope = gl.allocate_shared_memory(gl.float16, [2, BLOCK_N, ROPE_DIM], ROPE16)
+    p_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, BLOCK_N], P_SHARED)
+    key_bias = gl.allocate_shared_memory(gl.float32, [2, BLOCK_N], VECTOR)
+    alpha_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], VECTOR)
+    scale_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], VECTOR)
+    k_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    epilogue = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for buffer in gl.static_range(2):
+        mbarrier.init(k_ready.index(buffer), count=1)
+        mbarrier.init(k_free.index(buffer), count=2)  # the scorer and the value worker
+    mbarrier.init(p_ready, count=1)
+    mbarrier.init(p_free, count=1)
+    mbarrier.init(epilogue, count=1)
+
+    gl.warp_specialize([
+        (_scorer, (q_ptr + row * stride_q_row, head0, num_heads, stride_q_head, start, end,
+                   score_scale_log2, value_scale, out_split, stride_out_head, lse_split,
+                   stride_lse_head, q_nope, q_rope, k_nope, k_rope, key_bias, p_smem,
+                   alpha_smem, scale_smem, k_ready, k_free, p_ready, p_free, epilogue,
+                   SCHEDULE)),
+        (_value_worker, (head0, num_heads, start, end, out_split, stride_out_head, k_nope,
+                         p_smem, alpha_smem, scale_smem, k_free, p_ready, p_free, epilogue)),
+        (_key_producer, (cache_ptr, row_slots, start, end, stride_cache_b, stride_cache_t,
+                         block_size, k_nope, k_rope, key_bias, k_ready, k_free, FLAT_SLOTS)),
+    ], [ROLE_WARPS, ROLE_WARPS], [VALUE_REGISTERS, PRODUCER_REGISTERS])
