@@ -15,7 +15,7 @@ and eager (triton's do_bench, L2 flushed); the ratio to the peer uses the graph 
 measured in the same run: copy bandwidth (bytes A + B read and C written) and the FP8 matrix
 rate (an 8192^3 torch._scaled_mm with row-wise scales).
 
-Run: python -m benchmarks.kernels.bench_ptpc_fp8 [--quick] [--out DIR]
+Run: python -m benchmarks.kernels.bench_ptpc_fp8 [--quick] [--quantize-only] [--out DIR]
 (--quick: the cases of QUICK_CASES in priority order, within QUICK_TIME_BUDGET_S.)
 """
 
@@ -347,8 +347,15 @@ def main() -> None:
                              f"(then the remaining variants are listed as skipped)")
     parser.add_argument("--budget-s", type=float, default=QUICK_TIME_BUDGET_S,
                         help="--quick's time budget in seconds")
+    parser.add_argument("--quantize-only", action="store_true",
+                        help="only the time to quantize the proxy's linears (ptpc_quantize.json)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.quantize_only:
+        result = time_quantizing_proxy()
+        print(f"quantize proxy linears: {result}", flush=True)
+        print(f"wrote {write_result('ptpc_quantize', {'quantize_proxy_linears': result}, args.out)}")
+        return
     run(args.quick, args.out, args.budget_s)
 
 
