@@ -130,6 +130,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     import torch
 
     import atomk31
+    from atomk31.engine.cuda_graphs import why_no_decode_graphs
     from atomk31.ops import select_ops
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -143,6 +144,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"kernel backend {args.kernel_backend!r}:")
     for op, backend, note in table.describe():
         print(f"  {op:<22} {backend:<7} {note}")
+    why_eager = why_no_decode_graphs(device, args.kernel_backend, enforce_eager=False)
+    print("decode steps: " + ("replayed from CUDA graphs (--enforce-eager: eager)"
+                              if why_eager is None else f"eager ({why_eager})"))
     return 0
 
 

@@ -23,6 +23,7 @@ def test_info_lists_every_op_with_its_backend(capsys):
     out = capsys.readouterr().out
     for op in ("indexer_score", "sparse_mla", "kda_prefill", "moe_experts_mxfp4"):
         assert re.search(rf"^\s+{op}\s+torch", out, flags=re.MULTILINE), out
+    assert "decode steps: eager (no GPU)" in out
 
 
 def test_make_checkpoint_snake_and_kebab_flags(tmp_path, capsys):

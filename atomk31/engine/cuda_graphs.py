@@ -60,6 +60,19 @@ MIN_GRAPH_CONTEXT = 256
 MAX_GRAPHS = 48
 
 
+def why_no_decode_graphs(device: torch.device, kernel_backend: str,
+                         enforce_eager: bool) -> str | None:
+    """Why the engine decodes eagerly on this device, or None when it replays graphs: they need
+    a GPU, and the torch backend's ops read the device from the host, which a capture cannot."""
+    if device.type != "cuda":
+        return "no GPU"
+    if enforce_eager:
+        return "--enforce-eager"
+    if kernel_backend == "torch":
+        return "the torch kernel backend"
+    return None
+
+
 def graph_batch_size(num_requests: int, max_batch: int) -> int | None:
     """The smallest size of GRAPH_BATCH_SIZES (up to ``max_batch``) that holds
     ``num_requests``; None when none does."""

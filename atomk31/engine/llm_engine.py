@@ -21,7 +21,7 @@ from atomk31.cache import (
 )
 from atomk31.checkpoint import Tokenizer, load_checkpoint
 from atomk31.config import EngineConfig, ModelConfig, ResolvedEngineConfig
-from atomk31.engine.cuda_graphs import GRAPH_BATCH_SIZES, DecodeGraphs
+from atomk31.engine.cuda_graphs import GRAPH_BATCH_SIZES, DecodeGraphs, why_no_decode_graphs
 from atomk31.engine.model_runner import ModelRunner
 from atomk31.engine.outputs import RequestMetrics, RequestOutput
 from atomk31.engine.sampling_params import SamplingParams
@@ -84,10 +84,9 @@ class LLMEngine:
             # the conv history is BF16 in the engine (§4.4); float32 compute keeps it exact
             conv_dtype=rc.compute_dtype)
         # CUDA-graph decode (engine/cuda_graphs.py) needs a scratch block and KDA state slot
-        # for its padding rows, outside the pools and paid from the budget; the torch backend
-        # stays eager (its ops read the device from the host)
-        graphs = (self.device.type == "cuda" and not options.enforce_eager
-                  and options.kernel_backend != "torch")
+        # for its padding rows, outside the pools and paid from the budget
+        graphs = why_no_decode_graphs(self.device, options.kernel_backend,
+                                      options.enforce_eager) is None
         scratch_bytes = layout.row_bytes + state_spec.bytes_per_slot() if graphs else 0
         plan = plan_cache(self._cache_budget(options) - scratch_bytes, layout, state_spec,
                           options.max_num_seqs, rc.max_model_len, options.snapshot_fraction)

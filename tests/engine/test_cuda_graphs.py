@@ -12,7 +12,7 @@ import torch
 from atomk31 import LLM, SamplingParams
 from atomk31.engine.cuda_graphs import (
     GRAPH_BATCH_SIZES, MIN_GRAPH_CONTEXT, DecodeGraphs, DecodeInputs, context_buckets,
-    graph_batch_size,
+    graph_batch_size, why_no_decode_graphs,
 )
 
 
@@ -28,6 +28,15 @@ def random_prompts(lengths, seed=0, vocab=768):
 def test_graph_batch_size(requests, max_batch, expected):
     assert graph_batch_size(requests, max_batch) == expected
     assert expected is None or expected in GRAPH_BATCH_SIZES
+
+
+def test_why_no_decode_graphs():
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    assert why_no_decode_graphs(gpu, "auto", enforce_eager=False) is None
+    assert why_no_decode_graphs(gpu, "triton", enforce_eager=False) is None
+    assert why_no_decode_graphs(gpu, "auto", enforce_eager=True) == "--enforce-eager"
+    assert why_no_decode_graphs(gpu, "torch", enforce_eager=False) == "the torch kernel backend"
+    assert why_no_decode_graphs(cpu, "auto", enforce_eager=False) == "no GPU"
 
 
 def test_context_buckets_include_the_topk_edge_and_the_context_length():
