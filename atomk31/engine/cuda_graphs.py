@@ -193,9 +193,14 @@ class DecodeGraphs:
         shape = self.shape_for(scheduled)
         if shape is None:
             return None
-        graph = self.graphs.get(shape) or self._capture(*shape)
+        graph = self.graphs.get(shape)
         if graph is None:
-            return None
+            graph = self._capture(*shape)
+            if graph is None:
+                return None
+            if len(self.graphs) >= MAX_GRAPHS:
+                self.graphs.popitem(last=False)         # the least recently replayed
+            self.graphs[shape] = graph
         self.graphs.move_to_end(shape)
         graph.inputs.fill(scheduled)
         graph.graph.replay()
@@ -223,7 +228,4 @@ class DecodeGraphs:
                            "failed: %s; decoding eagerly", batch, context, failure)
             return None
         logger.info("captured the decode step for %d requests, context %d", batch, context)
-        if len(self.graphs) >= MAX_GRAPHS:
-            self.graphs.popitem(last=False)
-        self.graphs[batch, context] = _Graph(inputs, graph, logits)
-        return self.graphs[batch, context]
+        return _Graph(inputs, graph, logits)

@@ -6,10 +6,13 @@ scratch block and slot; the bucket's host values change no result). On the GPU: 
 graphs against the same engine with ``enforce_eager``.
 """
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from atomk31 import LLM, SamplingParams
+from atomk31.engine import cuda_graphs
 from atomk31.engine.cuda_graphs import (
     GRAPH_BATCH_SIZES, MIN_GRAPH_CONTEXT, DecodeGraphs, DecodeInputs, context_buckets,
     graph_batch_size, why_no_decode_graphs,
@@ -67,6 +70,57 @@ def test_shape_for_takes_decode_steps_only():
     assert graphs.shape_for([Item(10, last=False)]) is None
     assert graphs.shape_for([Item(1008)]) is None                  # past the context length
     assert graphs.shape_for([]) is None
+
+
+class FakeGraph:
+    def __init__(self, logits: torch.Tensor):
+        self.logits, self.replays = logits, 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        self.logits += 1
+
+
+def decode_item(position: int, state_slot: int, snapshots=()):
+    """A one-token decode of a sequence whose token `position` is next."""
+    seq = SimpleNamespace(num_computed_tokens=position, all_token_ids=list(range(position + 1)),
+                          block_table=list(range(position // 16 + 1)), state_slot=state_slot)
+    return SimpleNamespace(seq=seq, num_new_tokens=1, is_last_chunk=True,
+                           snapshots=list(snapshots))
+
+
+def test_run_replays_fills_inputs_takes_snapshots_and_keeps_the_recent_graphs(monkeypatch):
+    """run() without a GPU: a stub capture stands in for CUDA's; the rest is the real path."""
+    monkeypatch.setattr(cuda_graphs, "MAX_GRAPHS", 2)
+    copies: list[tuple[int, int]] = []
+    graphs = DecodeGraphs(lambda batch: None, block_size=16, max_batch=8, max_context=1000,
+                          split_points=[64], scratch_block=99, scratch_slot=7,
+                          device=torch.device("cpu"), copy_state=lambda *slots: copies.append(slots))
+    captured = []
+
+    def capture(batch, context):
+        captured.append((batch, context))
+        inputs = DecodeInputs(batch, context, 16, 99, 7, torch.device("cpu"))
+        graph = FakeGraph(torch.zeros(batch, 3))
+        return cuda_graphs._Graph(inputs, graph, graph.logits)
+
+    monkeypatch.setattr(graphs, "_capture", capture)
+    step = [decode_item(20, 3), decode_item(47, 5, snapshots=[(1, 11, 0xabc)])]
+    logits = graphs.run(step)
+    assert captured == [(2, 64)] and logits.shape == (2, 3) and (logits == 1).all()
+    assert copies == [(5, 11)]                   # the snapshot: the state after the step
+    batch = graphs.graphs[2, 64].inputs.batch
+    assert batch.positions.tolist() == [20, 47] and batch.state_slots.tolist() == [3, 5]
+    assert batch.slot_mapping.tolist() == [1 * 16 + 4, 2 * 16 + 15]
+    graphs.run(step)                             # replayed, not captured again
+    assert captured == [(2, 64)] and graphs.num_replays == 2
+    graphs.run([decode_item(100, 3)])            # (1, 256)
+    graphs.run(step)                             # (2, 64) is now the most recent
+    graphs.run([decode_item(300, 3)] * 3)        # (4, 512): drops (1, 256)
+    assert list(graphs.graphs) == [(2, 64), (4, 512)]
+    padding = graphs.graphs[4, 512].inputs.batch
+    assert padding.state_slots.tolist() == [3, 3, 3, 7]
+    assert padding.block_tables[3].tolist()[:2] == [99, -1]
 
 
 def clone_caches(engine) -> list[torch.Tensor]:
