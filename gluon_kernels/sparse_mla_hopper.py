@@ -69,6 +69,16 @@ QUERY_COLUMNS = gl.constexpr(128)  # the queries' FP16 scaling in [BLOCK_H, 128]
 
 
 @gluon.jit
+def _row_offsets(slot, stride_cache_b, stride_cache_t, block_size, FLAT_SLOTS: gl.constexpr):
+    """Element offsets of the cache rows of `slot` (-1 slots: row 0)."""
+    slot = gl.maximum(slot, 0)
+    if FLAT_SLOTS:
+        return slot.to(gl.int64) * stride_cache_t
+    return (slot // block_size).to(gl.int64) * stride_cache_b \
+        + (slot % block_size).to(gl.int64) * stride_cache_t
+
+
+@gluon.jit
 def _key_rows(slots_ptr, tile, end, stride_cache_b, stride_cache_t, block_size,
               LAYOUT: gl.constexpr, FLAT_SLOTS: gl.constexpr):
     """Element offsets of the cache rows of keys tile..tile+BLOCK_N-1 (`slots_ptr`: the row's
@@ -76,13 +86,7 @@ def _key_rows(slots_ptr, tile, end, stride_cache_b, stride_cache_t, block_size,
     o_n = tile + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LAYOUT))
     slot = gl.load(slots_ptr + o_n, mask=o_n < end, other=-1)
     valid = slot >= 0
-    slot = gl.maximum(slot, 0)
-    if FLAT_SLOTS:
-        row = slot.to(gl.int64) * stride_cache_t
-    else:
-        row = (slot // block_size).to(gl.int64) * stride_cache_b \
-            + (slot % block_size).to(gl.int64) * stride_cache_t
-    return row, valid
+    return _row_offsets(slot, stride_cache_b, stride_cache_t, block_size, FLAT_SLOTS), valid
 
 
 @gluon.jit

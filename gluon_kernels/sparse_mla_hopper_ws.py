@@ -73,6 +73,7 @@ from gluon_kernels.sparse_mla_hopper import (
     BLOCK_N,
     ROPE_DIM,
     VALUE_DIM,
+    _row_offsets,
     _store_keys,
     cta_barrier,
 )
@@ -260,16 +261,6 @@ def _tile_slots(row_slots, tile, end, LAYOUT: gl.constexpr):
     """The selection's slots of keys tile..tile+BLOCK_N-1 (-1 past `end`)."""
     o_n = tile + gl.arange(0, BLOCK_N, layout=LAYOUT)
     return gl.load(row_slots + o_n, mask=o_n < end, other=-1)
-
-
-@gluon.jit
-def _row_offsets(slot, stride_cache_b, stride_cache_t, block_size, FLAT_SLOTS: gl.constexpr):
-    """Element offsets of the cache rows of `slot` (-1 slots: row 0)."""
-    slot = gl.maximum(slot, 0)
-    if FLAT_SLOTS:
-        return slot.to(gl.int64) * stride_cache_t
-    return (slot // block_size).to(gl.int64) * stride_cache_b \
-        + (slot % block_size).to(gl.int64) * stride_cache_t
 
 
 @gluon.jit
