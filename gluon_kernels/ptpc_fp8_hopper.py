@@ -367,13 +367,18 @@ def check_operands(a: torch.Tensor, w_q: torch.Tensor, a_scale: torch.Tensor,
     if (block_m, block_n) not in TILES or num_stages < 2:
         raise ValueError(f"ptpc_gemm_hopper: expected (block_m, block_n) in {list(TILES)} and "
                          f"num_stages >= 2, got ({block_m}, {block_n}) and {num_stages}")
-    # the ring (A and B tiles of 128 fp8 K per stage), the output tiles and the barriers
-    shared = num_stages * (block_m + block_n) * BLOCK_K.value + \
-        block_m * block_n * c.element_size() + 1024
+    shared = shared_bytes(block_m, block_n, num_stages, c.element_size())
     if shared > MAX_SHARED_BYTES:
         raise ValueError(f"ptpc_gemm_hopper: {num_stages} stages of {block_m} x {block_n} tiles "
                          f"with {c.dtype} output need {shared} bytes of shared memory, over "
                          f"Hopper's {MAX_SHARED_BYTES}")
+
+
+def shared_bytes(block_m: int, block_n: int, num_stages: int, out_element_size: int) -> int:
+    """Shared memory of a launch: the ring (A and B tiles of 128 fp8 K per stage), the output
+    tiles and the barriers."""
+    return num_stages * (block_m + block_n) * BLOCK_K.value + \
+        block_m * block_n * out_element_size + 1024
 
 
 def can_use_descriptors(a: torch.Tensor, w_q: torch.Tensor, c: torch.Tensor) -> bool:

@@ -164,18 +164,19 @@ def gluon_hopper_fits(a: torch.Tensor, w_q: torch.Tensor, out_dtype: torch.dtype
         (n * torch.empty((), dtype=out_dtype).element_size()) % 16 == 0
 
 
-# Hopper's shared memory per block, and what the Gluon kernel keeps beside its ring (barriers)
-HOPPER_SHARED_BYTES, GLUON_RESERVED_BYTES = 227 * 1024, 1024
-
-
 def gluon_stages_that_fit(config: GemmConfig, out_dtype: torch.dtype) -> GemmConfig:
     """``config`` with its ring cut to the stages Hopper's shared memory holds beside the
     output tile of ``out_dtype`` (the 6-stage 128 x 128 config holds a bf16 tile, 5 stages a
     float32 one)."""
-    tile = config.block_m * config.block_n * torch.empty((), dtype=out_dtype).element_size()
-    stage = (config.block_m + config.block_n) * config.block_k
-    fits = (HOPPER_SHARED_BYTES - GLUON_RESERVED_BYTES - tile) // stage
-    return config if config.num_stages <= fits else dataclasses.replace(config, num_stages=fits)
+    from gluon_kernels.ptpc_fp8_hopper import MAX_SHARED_BYTES, shared_bytes  # imports Gluon
+
+    size = torch.empty((), dtype=out_dtype).element_size()
+    stages = config.num_stages
+    while stages > 2 and shared_bytes(config.block_m, config.block_n, stages,
+                                      size) > MAX_SHARED_BYTES:
+        stages -= 1
+    return config if stages == config.num_stages else \
+        dataclasses.replace(config, num_stages=stages)
 
 
 def launch_ptpc_gemm_gluon_hopper(a: torch.Tensor, w_q: torch.Tensor, a_scale: torch.Tensor,

@@ -51,7 +51,7 @@ def large_m(n: int, m: int) -> bool:
 
 def replayed_default(default, m: int, n: int, k: int):
     """The launcher's choice for a launch replayed from a CUDA graph (the engine's decode steps:
-    ptpc_fp8_config's HOPPER_GLUON_NARROW_CONFIG rule, no FLOP floor)."""
+    ptpc_fp8_config.gluon_config_on_hopper's replayed rule, no FLOP floor)."""
     from atomk31.triton_kernels.ptpc_fp8_config import current_target, pick_config_for_target
 
     return pick_config_for_target(m, n, k, current_target(), replayed=True)
