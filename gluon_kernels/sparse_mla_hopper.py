@@ -352,6 +352,9 @@ def sparse_mla_hopper(
         partial_lse = torch.empty(num_rows, num_heads, num_splits, dtype=torch.float32,
                                   device=q.device)
     block_size = latent_cache.shape[1]
+    if warp_specialized:  # its dense mode's arguments, unused here
+        variant.update(row_request_ptr=slots, row_position_ptr=slots, heads_per_row=1,
+                       rows_per_group=1)
     kernel[(num_rows * num_head_blocks, num_splits)](
         q, latent_cache, slots, partial_out, partial_lse,
         num_heads, num_selected, keys_per_split, block_size, num_head_blocks,

@@ -39,23 +39,26 @@ needs ~600-700 clocks to convert into it; the next softmax needs the next scores
     values finish late, so the conversion into their buffer is waited for).
   VALUES_FIRST: value products first, P announced at once (the softmax exposed).
 
+DENSE (gluon_kernels/dense_mla_hopper.py, the `dense_mla` op on Hopper): the producer computes
+the slot of each position from the request's block-table row instead of reading a selection;
+a CTA's "row" is a group of 1, 2 or 4 rows of one request (their heads' vectors side by side),
+its keys end at its vectors' last position, and the scorer masks, in the last tiles only, the
+keys past each vector's own row position. Offline: 64-72 B of stack under 3.6, 312 under 3.9.
+H200 (session 7 round 1, 16 requests, 128K): 4 rows 4.10 ms = 53% of the BF16 rate, 1 row
+(96 heads padded to 128) 1.39 ms = 39%; the Triton kernel 7.85 / 2.58 ms.
+
 Offline sm_90 (triton 3.6, the H200's): scorer 224 registers, value worker 160, producer 120;
 24 B of stack (a producer loop scalar, reloaded once a tile; the scorer's epilogue pointers,
 once a CTA; nothing in the consumers' loops); a tile's loop: scorer ~543 instructions a
 thread (40 wgmma, 34 ex2, 128 for O's rescale), value worker 173, producer 362 (18 16-byte
 row loads, 144 e4m3x2 -> f16x2, 36 16-byte stores). Triton 3.9 (ptxas 13.x): the scorer
 spills (224-232 B) and, with SCORES_FIRST, ptxas serializes every wgmma (C7515).
-Measured (H200, graph us, 96 heads x 2048 keys; predicted 64 rows ~70). Round 1 (GEMM 700
-TFLOP/s; the one-role kernel 121.6 / 39.3, Triton 153.2 / 47.6): 64 rows SCORES_FIRST 99.2,
-VALUES_FIRST 100.3; 16 rows (4 splits) 33.9 both, 2 / 8 splits 50.2 / 46.4. Then: the
-queries staged in one read (~1,470 instructions before the first product, were ~1,660), no
-spare score product after the last tile. Round 2 (GEMM 730 TFLOP/s; one-role 122.6 / 39.7,
-Triton 154.8 / 47.7): 64 rows LATE_VALUES 87.4 (42.9% of GEMM), SCORES_FIRST 90.6; 16 rows
-32.3 / 32.5. Asking L2 for the rows of the next tile (or the one after) as a tile's loads go
-out (prefetch.global.L2, 4 a thread) lost: 95.7 / 98.3 (SCORES_FIRST), 93.3 (LATE_VALUES),
-34.3 at 16 rows; removed. A tile ~2.0 us (16 rows, 2 vs 4 splits, round 1) against ~1.7 us
-of products at the GEMM rate: the rest is fixed cost (launch, query staging, the first
-gather, 12.6 MB of fp32 output at 64 rows, the partials and their merge at 16).
+Measured (H200, graph us, 96 heads x 2048 keys; predicted 64 rows ~70; per round in
+benchmarks/NOTES.md, session 6): 64 rows LATE_VALUES 87.4 (42.9% of the GEMM rate),
+SCORES_FIRST 90.6, VALUES_FIRST ~100; 16 rows 32.3 (the one-role kernel 122.6 / 39.7, Triton
+154.8 / 47.7). Asking L2 for the next tile's rows (prefetch.global.L2) lost (93-98); removed.
+A tile takes ~2.0 us against ~1.7 us of products at the GEMM rate; the rest is fixed cost
+(launch, query staging, the first gather, the fp32 output, the partials and their merge).
 """
 
 from triton.experimental import gluon
@@ -137,9 +140,11 @@ def _next_scores(q_nope, q_rope, k_nope, k_rope, k_ready, phase, has_next, s):
 def _scorer(q_row_ptr, head0, num_heads, stride_q_head, start, end,
             score_scale_log2, value_scale, out_ptr, stride_out_head, lse_ptr, stride_lse_head,
             q_nope, q_rope, k_nope, k_rope, key_bias, p_smem, alpha_smem, scale_smem,
-            k_ready, k_free, p_ready, p_free, epilogue, SCHEDULE: gl.constexpr):
+            k_ready, k_free, p_ready, p_free, epilogue, group_position_ptr, heads_per_row,
+            SCHEDULE: gl.constexpr, DENSE: gl.constexpr):
     """Warpgroup 0: queries, scores, softmax, P, and value columns 0..255, its products in
-    the order SCHEDULE (see the module docstring)."""
+    the order SCHEDULE (see the module docstring). DENSE: vector v is head v % heads_per_row
+    of the group's row v // heads_per_row, which sees keys up to that row's position."""
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -152,6 +157,13 @@ def _scorer(q_row_ptr, head0, num_heads, stride_q_head, start, end,
     # Per head: softmax scale x log2(e) x latent scale x 2^-e (the FP16 query's scale).
     score_scale = score_scale_log2 * gl.convert_layout(q_unscale, gl.SliceLayout(1, S_LAYOUT))
     num_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+    vector_position = gl.zeros([BLOCK_H], gl.int32, gl.SliceLayout(1, S_LAYOUT))
+    first_masked = end  # the first key some vector of the CTA does not see
+    if DENSE:
+        o_v = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, S_LAYOUT))
+        vector_position = gl.load(group_position_ptr + o_v // heads_per_row,
+                                  mask=o_v < num_heads, other=2**30).to(gl.int32)
+        first_masked = gl.min(vector_position, axis=0) + 1
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, S_LAYOUT))
     l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, S_LAYOUT))
@@ -165,6 +177,13 @@ def _scorer(q_row_ptr, head0, num_heads, stride_q_head, start, end,
         # -inf for the tile's -1 slots and keys past the split (the producer's), else 0.
         bias = key_bias.index(buffer).load(gl.SliceLayout(0, S_LAYOUT))
         s = s * score_scale[:, None] + bias[None, :]
+        if DENSE:
+            # The producer's bias ends the keys at the CTA's last position; rows of the group
+            # before it (verification rows) stop earlier: only the last tiles need a mask.
+            tile_start = start + i * BLOCK_N
+            if tile_start + BLOCK_N > first_masked:
+                o_key = tile_start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+                s = gl.where(o_key[None, :] > vector_position[:, None], float("-inf"), s)
         # Online softmax in base 2; a vector whose keys are all masked so far shifts by 0.
         m_new = gl.maximum(m_i, gl.max(s, axis=1))
         shift = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -257,9 +276,13 @@ def _value_worker(head0, num_heads, start, end, out_ptr, stride_out_head,
 
 
 @gluon.jit
-def _tile_slots(row_slots, tile, end, LAYOUT: gl.constexpr):
-    """The selection's slots of keys tile..tile+BLOCK_N-1 (-1 past `end`)."""
+def _tile_slots(row_slots, tile, end, block_size, LAYOUT: gl.constexpr, DENSE: gl.constexpr):
+    """The slots of keys tile..tile+BLOCK_N-1 (-1 past `end`): the selection's, or (DENSE,
+    `row_slots` the request's block-table row) those of positions tile..tile+BLOCK_N-1."""
     o_n = tile + gl.arange(0, BLOCK_N, layout=LAYOUT)
+    if DENSE:
+        block = gl.load(row_slots + o_n // block_size, mask=o_n < end, other=-1)
+        return gl.where(block >= 0, block * block_size + o_n % block_size, -1)
     return gl.load(row_slots + o_n, mask=o_n < end, other=-1)
 
 
@@ -275,7 +298,8 @@ def _gather(cache_ptr, slot, stride_cache_b, stride_cache_t, block_size, COLUMN:
 
 @gluon.jit
 def _key_producer(cache_ptr, row_slots, start, end, stride_cache_b, stride_cache_t, block_size,
-                  k_nope, k_rope, key_bias, k_ready, k_free, FLAT_SLOTS: gl.constexpr):
+                  k_nope, k_rope, key_bias, k_ready, k_free, FLAT_SLOTS: gl.constexpr,
+                  DENSE: gl.constexpr):
     """Warps 8..11: each tile's FP8 rows -> FP16 key buffer (tile i into buffer i % 2), and
     the scores' bias: -inf for a -1 slot or a key past the split, else 0. The slots are
     loaded a tile ahead, so a tile's row loads wait on no slot load."""
@@ -286,9 +310,9 @@ def _key_producer(cache_ptr, row_slots, start, end, stride_cache_b, stride_cache
     NOPE_KEYS: gl.constexpr = gl.SliceLayout(1, NOPE_LAYOUT)
     ROPE_KEYS: gl.constexpr = gl.SliceLayout(1, ROPE_LAYOUT)
     num_tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
-    nope_slot = _tile_slots(row_slots, start, end, NOPE_KEYS)
-    rope_slot = _tile_slots(row_slots, start, end, ROPE_KEYS)
-    slot = _tile_slots(row_slots, start, end, KEY_LAYOUT)
+    nope_slot = _tile_slots(row_slots, start, end, block_size, NOPE_KEYS, DENSE)
+    rope_slot = _tile_slots(row_slots, start, end, block_size, ROPE_KEYS, DENSE)
+    slot = _tile_slots(row_slots, start, end, block_size, KEY_LAYOUT, DENSE)
     for i in range(num_tiles):
         buffer = i % 2
         # In flight while the consumers still read this buffer's previous tile.
@@ -298,9 +322,9 @@ def _key_producer(cache_ptr, row_slots, start, end, stride_cache_b, stride_cache
                        VALUE_DIM, ROPE_DIM, ROPE_LAYOUT, FLAT_SLOTS)
         bias = gl.where(slot >= 0, 0.0, float("-inf"))
         tile = start + (i + 1) * BLOCK_N
-        nope_slot = _tile_slots(row_slots, tile, end, NOPE_KEYS)
-        rope_slot = _tile_slots(row_slots, tile, end, ROPE_KEYS)
-        slot = _tile_slots(row_slots, tile, end, KEY_LAYOUT)
+        nope_slot = _tile_slots(row_slots, tile, end, block_size, NOPE_KEYS, DENSE)
+        rope_slot = _tile_slots(row_slots, tile, end, block_size, ROPE_KEYS, DENSE)
+        slot = _tile_slots(row_slots, tile, end, block_size, KEY_LAYOUT, DENSE)
         mbarrier.wait(k_free.index(buffer), ((i // 2) & 1) ^ 1, pred=i >= 2)
         _store_keys(nope, rope, k_nope.index(buffer), k_rope.index(buffer))
         key_bias.index(buffer).store(bias)
@@ -314,7 +338,7 @@ def sparse_mla_hopper_ws_kernel(
     # pointers
     q_ptr,  # [Nq, H, 576] bf16 / fp16 absorbed queries
     cache_ptr,  # fp8 e4m3 latent cache, rows of 576 on 16-byte boundaries
-    slots_ptr,  # [Nq, k] int32, -1 masked
+    slots_ptr,  # [Nq, k] int32, -1 masked (DENSE: the block table [N, max_blocks] int32)
     out_ptr, lse_ptr,  # [Nq, H, splits, 512], [Nq, H, splits] fp32
     # sizes
     num_heads, num_selected, keys_per_split, block_size, num_head_blocks,
@@ -322,9 +346,13 @@ def sparse_mla_hopper_ws_kernel(
     # strides (elements)
     stride_q_row, stride_q_head, stride_cache_b, stride_cache_t, stride_slots_row,
     stride_out_row, stride_out_head, stride_out_split, stride_lse_row, stride_lse_head,
+    # DENSE only (dense_mla): q's "rows" are groups of rows_per_group rows of one request,
+    # each of heads_per_row heads; row_request / row_position [Nq] are per row
+    row_request_ptr, row_position_ptr, heads_per_row, rows_per_group,
     # meta-parameters
     FLAT_SLOTS: gl.constexpr,  # blocks back to back: a slot's row offset is slot x row stride
     SCHEDULE: gl.constexpr = 2,  # SCORES_FIRST, VALUES_FIRST or LATE_VALUES: see above
+    DENSE: gl.constexpr = False,  # keys: positions 0..p of the row's request (dense_mla)
 ):
     NOPE16: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, VALUE_DIM],
                                                                 gl.float16)
@@ -339,6 +367,19 @@ def sparse_mla_hopper_ws_kernel(
     start = i_split * keys_per_split
     end = gl.minimum(start + keys_per_split, num_selected)
     row_slots = slots_ptr + row * stride_slots_row
+    group_position_ptr = row_position_ptr
+    if DENSE:
+        # `row` is a group of rows_per_group rows of one request; the CTA's keys end at the
+        # last position of its vectors' rows.
+        first_row = row * rows_per_group
+        request = gl.load(row_request_ptr + first_row).to(gl.int64)
+        row_slots = slots_ptr + request * stride_slots_row
+        group_position_ptr = row_position_ptr + first_row
+        VECTORS: gl.constexpr = gl.BlockedLayout([1], [32], [ROLE_WARPS], [0])
+        o_v = head0 + gl.arange(0, BLOCK_H, layout=VECTORS)
+        position = gl.load(group_position_ptr + o_v // heads_per_row, mask=o_v < num_heads,
+                           other=-1)
+        end = gl.minimum(end, gl.max(position, axis=0).to(gl.int32) + 1)
     out_split = out_ptr + row * stride_out_row + i_split * stride_out_split
     lse_split = lse_ptr + row * stride_lse_row + i_split
 
@@ -367,9 +408,10 @@ def sparse_mla_hopper_ws_kernel(
                    score_scale_log2, value_scale, out_split, stride_out_head, lse_split,
                    stride_lse_head, q_nope, q_rope, k_nope, k_rope, key_bias, p_smem,
                    alpha_smem, scale_smem, k_ready, k_free, p_ready, p_free, epilogue,
-                   SCHEDULE)),
+                   group_position_ptr, heads_per_row, SCHEDULE, DENSE)),
         (_value_worker, (head0, num_heads, start, end, out_split, stride_out_head, k_nope,
                          p_smem, alpha_smem, scale_smem, k_free, p_ready, p_free, epilogue)),
         (_key_producer, (cache_ptr, row_slots, start, end, stride_cache_b, stride_cache_t,
-                         block_size, k_nope, k_rope, key_bias, k_ready, k_free, FLAT_SLOTS)),
+                         block_size, k_nope, k_rope, key_bias, k_ready, k_free, FLAT_SLOTS,
+                         DENSE)),
     ], [ROLE_WARPS, ROLE_WARPS], [VALUE_REGISTERS, PRODUCER_REGISTERS])

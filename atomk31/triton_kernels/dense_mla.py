@@ -20,6 +20,10 @@ merge), and without rows_per_request each program takes one row.
 Roofline: with an FP8 latent and 96 heads one row does 2 * 96 * (576 + 512) / 576 = 363
 FLOP per byte read, above the H200's bf16 ridge (~180), so decode is bound by the matrix
 rate, not by the copy bandwidth; the benchmark reports both fractions.
+
+On Hopper (bf16 / fp16 queries over an FP8 e4m3fn latent, no tile knob set) the default is
+the warp-specialized Gluon sparse kernel in its dense mode instead
+(gluon_kernels/dense_mla_hopper.py, `kernel="gluon_hopper_ws"`).
 """
 
 import torch
@@ -30,6 +34,7 @@ from atomk31.triton_kernels.mla_launch import (
     choose_mla_tiles,
     launch_mla,
 )
+from atomk31.triton_kernels.sparse_mla import gluon_hopper_applies
 
 GROUPABLE_ROWS = (4, 2)  # rows per program tried, largest first
 
@@ -55,6 +60,7 @@ def dense_mla_triton(
     value_splits: int | None = None,
     prefetch: int | None = None,
     fp16_operands: bool | None = None,
+    kernel: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal attention of each row over its request's keys: (out [Nq, H, 512], lse [Nq, H]).
 
@@ -65,8 +71,29 @@ def dense_mla_triton(
     when the rows come in runs of that many consecutive rows per request (the last run may
     be short): then 4 or 2 rows share a program. `rows_per_program` (1, 2 or 4; checked
     against row_request on the device, a sync: for tests and benchmarks) overrides that
-    choice; the other knobs tune it (see sparse_mla_triton).
+    choice; the other knobs tune it (see sparse_mla_triton). `kernel`: "triton" (this file's
+    launch of mla_kernel.py), "gluon_hopper_ws" (gluon_kernels/dense_mla_hopper.py; takes
+    num_splits only) or None: "gluon_hopper_ws" where it applies and no other knob is set.
     """
+    tile_knobs = dict(block_h=block_h, rows_per_program=rows_per_program, block_n=block_n,
+                      num_stages=num_stages, num_warps=num_warps,
+                      scores_via_memory=scores_via_memory, value_splits=value_splits,
+                      prefetch=prefetch, fp16_operands=fp16_operands)
+    fixed = [name for name, value in tile_knobs.items() if value is not None]
+    if kernel is None:
+        kernel = "gluon_hopper_ws" if not fixed and gluon_hopper_applies(q, latent_cache) \
+            else "triton"
+    if kernel == "gluon_hopper_ws":
+        if fixed:
+            raise ValueError(f"kernel={kernel!r} takes num_splits only, got {fixed}")
+        from gluon_kernels.dense_mla_hopper import dense_mla_hopper
+
+        return dense_mla_hopper(q, latent_cache, latent_scale, block_table, row_request,
+                                row_position, block_size, softmax_scale,
+                                max_position=max_position, rows_per_request=rows_per_request,
+                                num_splits=num_splits)
+    if kernel != "triton":
+        raise ValueError(f"kernel must be 'triton' or 'gluon_hopper_ws', got {kernel!r}")
     check_latent_cache_layout(latent_cache)
     if latent_cache.shape[1] != block_size:
         raise ValueError(

@@ -1,4 +1,8 @@
-"""Triton dense MLA decode over the paged FP8 latent cache: 16 requests, H = 96, 16K and 128K.
+"""Dense MLA decode over the paged FP8 latent cache: 16 requests, H = 96, 16K and 128K.
+
+Kernels: the launcher's default (on Hopper the warp-specialized Gluon kernel in its dense
+mode, gluon_kernels/dense_mla_hopper.py), the Gluon kernel at fixed key splits, the Triton
+kernel's default tiles (`triton_default`) and, unless --no-triton-tiles, its tile variants.
 
 Figures: bytes per second (each request's latent rows read once, 576 B per token) against
 the copy bandwidth measured in the same run, and FLOP/s (2 * H * (576 + 512) per row and
@@ -40,7 +44,13 @@ import torch.nn.functional as F
 
 from atomk31.ops.dense_mla import dense_mla_torch
 from atomk31.triton_kernels.dense_mla import dense_mla_triton
-from benchmarks.common import measure_copy_bandwidth, measure_matmul_rate, time_ms, write_result
+from benchmarks.common import (
+    measure_copy_bandwidth,
+    measure_matmul_rate,
+    time_graph_ms,
+    time_ms,
+    write_result,
+)
 
 NUM_REQUESTS = 16
 NUM_HEADS = 96
@@ -119,8 +129,11 @@ def variant_name(config: tuple) -> str:
     return f"g{rows}_bh{block_h}_bn{block_n}_w{num_warps}_s{num_stages}{splits}{flags}"
 
 
+GLUON_SPLITS = (None, 2, 4)  # num_splits of the Gluon kernel's variants (None: the launcher's)
+
+
 def bench_case(context: int, rows_per_request: int, latent: torch.Tensor, copy_bw: float,
-               matmul_rate: float) -> dict:
+               matmul_rate: float, triton_tiles: bool = True) -> dict:
     args = dense_inputs(context, rows_per_request, latent, DEVICE)
     num_rows = NUM_REQUESTS * rows_per_request
     num_bytes = NUM_REQUESTS * context * 576
@@ -128,16 +141,24 @@ def bench_case(context: int, rows_per_request: int, latent: torch.Tensor, copy_b
     result = {"context": context, "rows_per_request": rows_per_request, "bytes": num_bytes,
               "flops": flops}
     hints = {"max_position": context - 1}
-    variants = {variant_name(c): (
+    variants = {} if not triton_tiles else {variant_name(c): (
         lambda c=c: dense_mla_triton(*args, **hints, rows_per_request=c[0], block_h=c[1],
                                      block_n=c[2], num_warps=c[3], num_stages=c[4],
                                      num_splits=c[5], scores_via_memory=c[6],
                                      value_splits=c[7]))
         for c in CONFIGS[rows_per_request]}
-    variants.update({name: (lambda kw=kw: dense_mla_triton(*args, **hints,
-                                                           rows_per_request=rows_per_request,
-                                                           **kw))
-                     for name, kw in KNOB_VARIANTS[rows_per_request].items()})
+    if triton_tiles:
+        variants.update({name: (lambda kw=kw: dense_mla_triton(
+            *args, **hints, rows_per_request=rows_per_request, **kw))
+            for name, kw in KNOB_VARIANTS[rows_per_request].items()})
+    # The Triton kernel's default tiles (the default before the Gluon kernel, and off Hopper).
+    variants["triton_default"] = lambda: dense_mla_triton(
+        *args, **hints, rows_per_request=rows_per_request, kernel="triton")
+    for splits in GLUON_SPLITS:
+        name = "gluon_ws" + ("" if splits is None else f"_sp{splits}")
+        variants[name] = lambda splits=splits: dense_mla_triton(
+            *args, **hints, rows_per_request=rows_per_request, kernel="gluon_hopper_ws",
+            num_splits=splits)
     # What the engine passes: the longest position and the rows per request.
     variants["default"] = lambda: dense_mla_triton(*args, **hints,
                                                    rows_per_request=rows_per_request)
@@ -153,11 +174,15 @@ def bench_case(context: int, rows_per_request: int, latent: torch.Tensor, copy_b
         try:
             got = fn()
             torch.cuda.synchronize()
-            ms = time_ms(fn)
+            # Replayed from a CUDA graph (what a captured decode step pays; eager launches of
+            # the Gluon kernel cost ~0.1-0.2 ms of host time), eager beside it; the torch op
+            # reads the device, so eager only.
+            eager_ms = time_ms(fn)
+            ms = eager_ms if name == "torch" else time_graph_ms(fn)
         except Exception as error:  # one failing configuration must not hide the others
             result[name] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
             continue
-        entry = {"ms": ms, "bandwidth_fraction": num_bytes / (ms * 1e-3) / copy_bw,
+        entry = {"ms": ms, "eager_ms": eager_ms, "bandwidth_fraction": num_bytes / (ms * 1e-3) / copy_bw,
                  "matmul_fraction": flops / (ms * 1e-3) / matmul_rate}
         if want is not None and name != "sdpa_bf16":
             entry["relative_error_vs_torch_fp32"] = ((got[0] - want).norm() / want.norm()).item()
@@ -197,12 +222,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="results directory")
     parser.add_argument("--contexts", type=int, nargs="+", default=CONTEXTS)
+    parser.add_argument("--rows", type=int, nargs="+", default=ROWS_PER_REQUEST,
+                        help="rows per request")
+    parser.add_argument("--no-triton-tiles", action="store_true",
+                        help="skip the Triton tile variants (defaults and peers only)")
     args = parser.parse_args()
     copy_bw, matmul_rate = measure_copy_bandwidth(), measure_matmul_rate()
     torch.manual_seed(0)
     latent = make_latent_cache(NUM_REQUESTS * -(-max(args.contexts) // BLOCK_SIZE), DEVICE)
-    results = [bench_case(c, n, latent, copy_bw, matmul_rate)
-               for n in ROWS_PER_REQUEST for c in args.contexts]
+    results = [bench_case(c, n, latent, copy_bw, matmul_rate,
+                          triton_tiles=not args.no_triton_tiles)
+               for n in args.rows for c in args.contexts]
     path = write_result("triton_dense_mla", {
         "shape": f"{NUM_REQUESTS} requests, H {NUM_HEADS}, fp8 latent, block {BLOCK_SIZE}",
         "copy_bandwidth_Bps": copy_bw, "bf16_matmul_flops": matmul_rate, "results": results},
