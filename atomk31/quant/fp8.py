@@ -48,9 +48,12 @@ def divide_exactly(x: torch.Tensor, divisor: torch.Tensor | float) -> torch.Tens
     PyTorch's CUDA kernels turn a division by a host scalar (a Python float or a CPU 0-dim
     tensor) into a multiplication by its rounded reciprocal, which is one ulp off for some
     inputs (seen on the H200, 2026-11-29: scales of a few rows per thousand, then their FP8
-    codes). A divisor on x's device keeps the true division."""
-    if not isinstance(divisor, torch.Tensor) or divisor.device != x.device:
-        divisor = torch.as_tensor(divisor, dtype=torch.float32).to(x.device)
+    codes). A divisor on x's device keeps the true division; a Python number is filled there
+    (no host-to-device copy, so the division may be captured in a CUDA graph)."""
+    if not isinstance(divisor, torch.Tensor):
+        divisor = torch.full((), divisor, dtype=torch.float32, device=x.device)
+    elif divisor.device != x.device:
+        divisor = divisor.to(x.device)
     return x / divisor
 
 
