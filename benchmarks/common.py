@@ -31,16 +31,24 @@ def time_ms(fn: Callable[[], object], warmup: int = 10, rep: int = 50) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
-def time_graph_ms(fn: Callable[[], object], rep: int = 100) -> float:
+def time_graph_ms(fn: Callable[[], object], rep: int = 100, replayed: bool = False) -> float:
     """Median milliseconds of `fn` replayed from a CUDA graph (triton's do_bench_cudagraph).
 
     What the engine pays once it captures its decode step: no host launch overhead, which
     dominates `time_ms` for kernels shorter than ~50 us or made of several launches. `fn` must
     be capturable (no host syncs, no allocations whose addresses change between replays).
+    replayed: run fn (warm-up and capture) inside `replayed_launches()`, as the engine captures
+    its decode steps, so launchers pick the kernels they pick for graphs (PTPC's Gluon tiles
+    without the eager FLOP floor, the Gluon indexer); False times the eager choices in a graph.
     """
+    import contextlib
+
     import triton.testing
 
-    return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+    from atomk31.triton_kernels.runtime import replayed_launches
+
+    with replayed_launches() if replayed else contextlib.nullcontext():
+        return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
 
 
 def measure_copy_bandwidth(device: torch.device | str = "cuda", num_bytes: int = 2 << 30) -> float:

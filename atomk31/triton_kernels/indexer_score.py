@@ -39,12 +39,15 @@ import triton.language as tl
 from atomk31.triton_kernels.indexer_score_config import (
     DOTS,
     FP8_ACC_INTERVALS,
+    GLUON_HOPPER_PRODUCTS,
+    KERNELS,
     KEY_CONVERTS,
     IndexerScoreConfig,
     default_config,
     fp8_dot_config,
 )
 from atomk31.triton_kernels.indexer_score_keys import key_words, split_columns_in_4
+from atomk31.triton_kernels.runtime import launches_are_replayed
 from atomk31.triton_kernels.indexer_score_tile import score_key_tile
 from atomk31.triton_kernels.kv_write import (
     FP8_INDEX_AMAX_FLOOR,
@@ -208,6 +211,23 @@ def indexer_score_kernel(
                          mask=m_rows[:, None] & (o_s < chunk_end)[None, :])
 
 
+def default_kernel(q: torch.Tensor, index_values: torch.Tensor, index_scales: torch.Tensor,
+                   index_format: str, block_size: int, tuned: bool = False) -> str:
+    """The launcher's kernel when none is named: the Gluon Hopper kernel's exact fp16 products
+    ("gluon_hopper") for launches replayed from a CUDA graph (the engine's decode steps) where
+    it takes the inputs and no Triton configuration was asked for (`tuned`), else "triton".
+    H200, session 7 round 3 (graph ms, 16 requests x 4 rows): 0.031 / 0.165 / 1.265 at 16K /
+    128K / 1M against Triton's 0.031 / 0.176 / 1.354 (44% / 46% of copy bandwidth from 128K,
+    was 42% / 43%). Eager launches keep Triton: the Gluon launch costs ~70 us more host time
+    (0.248 vs 0.179 ms eager at 128K), and long prefills were not timed on it."""
+    if tuned or not q.is_cuda or torch.version.hip is not None or not launches_are_replayed():
+        return "triton"
+    from gluon_kernels.indexer_score_hopper import why_not_hopper
+
+    reason = why_not_hopper(q, index_values, index_scales, index_format, block_size)
+    return "gluon_hopper" if reason is None else "triton"
+
+
 def indexer_score_triton(
     q: torch.Tensor,
     head_weights: torch.Tensor,
@@ -222,6 +242,7 @@ def indexer_score_triton(
     use_fp8_dot: bool = False,
     num_positions: int | None = None,
     config: IndexerScoreConfig | None = None,
+    kernel: str | None = None,
 ) -> torch.Tensor:
     """Indexer scores [Nq, L] fp32, L = max(row_position) + 1 (contract: ops/indexer_score).
 
@@ -232,7 +253,29 @@ def indexer_score_triton(
     config: the product and tiling (default: `default_config`, exact fp16 / bf16 products).
     use_fp8_dot: (config None) opt in to the fp8 tensor cores (`fp8_dot_config`, e4m3fn keys
       only): faster, but 4x outside the op's tolerance on the H200 (indexer_score_config).
+    kernel: "triton" (this file's kernel, every target) or a Gluon Hopper kernel
+      (gluon_kernels/indexer_score_hopper.py: "gluon_hopper" exact fp16 products,
+      "gluon_hopper_fp8_acc32" / "gluon_hopper_fp8" opt-in fp8 products outside the
+      tolerance); None: `default_kernel`. A Gluon kernel that cannot take the inputs
+      (`why_not_hopper`: not sm_90, MXFP4 keys, TMA's 16-byte stride rules) raises
+      ValueError with the reason.
     """
+    if kernel is None:
+        kernel = default_kernel(q, index_values, index_scales, index_format, block_size,
+                                tuned=config is not None or use_fp8_dot)
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel != "triton":
+        if config is not None or use_fp8_dot:
+            raise ValueError(f"kernel={kernel!r} takes no config or use_fp8_dot (the product is "
+                             f"in the kernel's name), got config={config}, "
+                             f"use_fp8_dot={use_fp8_dot}")
+        from gluon_kernels.indexer_score_hopper import indexer_score_hopper  # imports Gluon
+
+        return indexer_score_hopper(q, head_weights, index_values, index_scales, index_format,
+                                    fp8_variant, block_table, row_request, row_position,
+                                    block_size, num_positions=num_positions,
+                                    product=GLUON_HOPPER_PRODUCTS[kernel])
     del fp8_variant  # the dtype of index_values says it
     num_rows = row_request.shape[0]
     if q.dim() != 3 or q.shape[0] != num_rows or q.shape[2] != INDEX_DIM:

@@ -82,6 +82,15 @@ FP8_OPT_IN_CONFIG = IndexerScoreConfig(dot="fp8_acc32", block_n=64, num_warps=8,
                                        num_stages=6, max_registers=128)
 
 
+# The launcher's `kernel` names: "triton" (this file's configurations), or the Gluon Hopper
+# kernel (gluon_kernels/indexer_score_hopper.py, FP8 e4m3fn keys on sm_90) with its product:
+# "fp16" exact, "fp8_acc32" / "fp8" opt-in (outside the op's tolerance, as FP8_OPT_IN_CONFIG).
+# None: indexer_score.default_kernel ("gluon_hopper" for graph-replayed launches on Hopper).
+GLUON_HOPPER_PRODUCTS = {"gluon_hopper": "fp16", "gluon_hopper_fp8_acc32": "fp8_acc32",
+                         "gluon_hopper_fp8": "fp8"}
+KERNELS = ("triton", *GLUON_HOPPER_PRODUCTS)
+
+
 def default_config(kernel: object, fp8_keys: bool = False) -> IndexerScoreConfig:
     """The configuration a launch uses unless told otherwise: by the active target and, on
     CUDA, by the key format (fp8_keys: FP8 index keys, else MXFP4)."""

@@ -17,7 +17,13 @@ check read ~680 for every variant); `worst` is the largest error over the GPU te
 1e-5 |score| + 1e-5 max |score| (<= 1 passes). The number of query codes on which torch's GPU
 and CPU quantizers differ is printed too.
 
+Gluon (session 7): "gluon fp16" / "gluon fp8_acc32" / "gluon fp8" run the Hopper Gluon kernel
+(gluon_kernels/indexer_score_hopper.py, the launcher's kernel="gluon_hopper*") beside the Triton
+default. For every fp8 variant, `topk` is the mean over rows of the overlap of its top-2048
+positions with the exact scores' (the float64 reference; the torch one at 16K).
+
 Usage: python -m benchmarks.kernels.bench_indexer_score [--quick] [--out DIR]
+           [--variants NAME ...] [--contexts N ...]
 """
 
 from __future__ import annotations
@@ -89,6 +95,10 @@ VARIANTS: dict[str, tuple[str, IndexerScoreConfig | None]] = {
     "fp8 n128 s4": ("fp8", IndexerScoreConfig(dot="fp8", num_stages=4)),
     "mxfp4 default": ("mxfp4", None),
 }
+# name -> the launcher's kernel (FP8 keys, the Gluon Hopper kernel's products)
+GLUON_VARIANTS = {"gluon fp16": "gluon_hopper", "gluon fp8_acc32": "gluon_hopper_fp8_acc32",
+                  "gluon fp8": "gluon_hopper_fp8"}
+TOP_K = 2048  # the indexer's selection (§4.6)
 QUICK_VARIANTS = ["default", "bf16 words n128 s4", "fp16 n128 s3", "fp16 n64 w4 s4 pps2",
                   "fp16 n64 w4 s6 pps2 full", "fp16 n64 w4 s4 pps2 full", "fp8 opt-in",
                   "mxfp4 default"]
@@ -182,6 +192,16 @@ def error_summary(got: torch.Tensor, want: torch.Tensor) -> dict:
             "worst_row_bound": (error / bound_row).max().item(), "mask_ok": True}
 
 
+def top_k_overlap(got: torch.Tensor, want: torch.Tensor, k: int) -> float:
+    """Mean over rows of |top-k(got) & top-k(want)| / k (rows with fewer keys: all of them)."""
+    k = min(k, got.shape[1])
+    got_top = torch.topk(got.to(want.device).double(), k, dim=1).indices
+    want_top = torch.topk(want, k, dim=1).indices
+    hits = torch.zeros(got.shape[0], want.shape[1], dtype=torch.bool, device=want.device)
+    hits.scatter_(1, want_top, True)
+    return hits.gather(1, got_top).double().mean().item()
+
+
 def bench_context(context: int, caches: dict, variants: list[str], copy_bw: float,
                   matmul_rate: float) -> dict:
     num_rows = NUM_REQUESTS * ROWS_PER_REQUEST
@@ -198,6 +218,10 @@ def bench_context(context: int, caches: dict, variants: list[str], copy_bw: floa
             references[f] = ("float64_gpu", float64_reference(args))
     calls = {}
     for name in variants:
+        if name in GLUON_VARIANTS:
+            calls[name] = ("fp8", lambda a=inputs["fp8"], k=GLUON_VARIANTS[name]:
+                           indexer_score_triton(*a, num_positions=context, kernel=k))
+            continue
         index_format, config = VARIANTS[name]
         args = inputs[index_format]
         calls[name] = (index_format, lambda a=args, c=config: indexer_score_triton(
@@ -212,6 +236,8 @@ def bench_context(context: int, caches: dict, variants: list[str], copy_bw: floa
             if index_format in references:
                 kind, reference = references[index_format]
                 entry["error_vs_" + kind] = error_summary(out, reference)
+                if "fp8" in name and "default" not in name:
+                    entry["topk_overlap"] = top_k_overlap(out, reference, TOP_K)
             del out
             eager_ms = time_ms(fn)
             ms = time_graph_ms(fn) if name != "torch (peer)" else eager_ms
@@ -224,8 +250,10 @@ def bench_context(context: int, caches: dict, variants: list[str], copy_bw: floa
                      matmul_fraction=flops / (ms * 1e-3) / matmul_rate)
         result["variants"][name] = entry
         errors = [v["worst"] for k, v in entry.items() if k.startswith("error_vs_")]
+        overlap = f", top-{TOP_K} overlap {entry['topk_overlap']:.4f}" \
+            if "topk_overlap" in entry else ""
         print(f"  measured {context} {name}: {ms:.3f} ms, err/bound "
-              f"{errors[0] if errors else float('nan'):.3f}", flush=True)
+              f"{errors[0] if errors else float('nan'):.3f}{overlap}", flush=True)
     peer = result["variants"].get("torch (peer)", {}).get("ms")
     if peer:
         for entry in result["variants"].values():
@@ -237,7 +265,7 @@ def bench_context(context: int, caches: dict, variants: list[str], copy_bw: floa
 def print_table(results: list[dict], copy_bw: float, matmul_rate: float) -> None:
     print(f"copy {copy_bw / 1e12:.2f} TB/s, bf16 GEMM {matmul_rate / 1e12:.0f} TFLOP/s")
     print(f"{'context':>8} {'variant':<24} {'ms':>8} {'eager':>8} {'of BW':>6} {'of GEMM':>8} "
-          f"{'x torch':>8} {'err/bound':>10}")
+          f"{'x torch':>8} {'err/bound':>10} {'topk':>7}")
     for r in results:
         print(f"{r['context']:>8} query codes torch's GPU quantizer gets wrong: "
               f"{r['gpu_quantizer_mismatches']}")
@@ -248,9 +276,10 @@ def print_table(results: list[dict], copy_bw: float, matmul_rate: float) -> None
             errors = [v for k, v in e.items() if k.startswith("error_vs_")]
             worst = f"{errors[0]['worst']:10.3f}" if errors else f"{'-':>10}"
             speedup = f"{e['speedup_vs_torch']:8.1f}" if "speedup_vs_torch" in e else f"{'-':>8}"
+            overlap = f"{e['topk_overlap']:7.4f}" if "topk_overlap" in e else f"{'-':>7}"
             print(f"{r['context']:>8} {name:<24} {e['ms']:8.3f} {e['eager_ms']:8.3f} "
                   f"{e['bandwidth_fraction']:6.1%} "
-                  f"{e['matmul_fraction']:8.1%} {speedup} {worst}")
+                  f"{e['matmul_fraction']:8.1%} {speedup} {worst} {overlap}")
 
 
 def main() -> None:
@@ -258,19 +287,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="results directory")
     parser.add_argument("--quick", action="store_true", help="the QUICK_VARIANTS only")
     parser.add_argument("--contexts", type=int, nargs="+", default=CONTEXTS)
-    parser.add_argument("--variants", nargs="+", default=None, choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=None,
+                        choices=[*VARIANTS, *GLUON_VARIANTS])
     args = parser.parse_args()
-    variants = args.variants or (QUICK_VARIANTS if args.quick else list(VARIANTS))
+    variants = args.variants or (QUICK_VARIANTS if args.quick else [*VARIANTS, *GLUON_VARIANTS])
     copy_bw, matmul_rate = measure_copy_bandwidth(), measure_matmul_rate()
     torch.manual_seed(0)
     num_blocks = NUM_REQUESTS * -(-max(args.contexts) // BLOCK_SIZE)
-    formats = sorted({VARIANTS[name][0] for name in variants})
+    formats = sorted({VARIANTS[name][0] if name in VARIANTS else "fp8" for name in variants})
     caches = {f: make_index_cache(num_blocks, f, DEVICE) for f in formats}
     results = [bench_context(c, caches, variants, copy_bw, matmul_rate) for c in args.contexts]
     path = write_result("triton_indexer_score", {
         "shape": f"{NUM_REQUESTS} requests x {ROWS_PER_REQUEST} rows, H_I {NUM_INDEX_HEADS}, "
                  f"block {BLOCK_SIZE}",
-        "variants": {name: repr(VARIANTS[name][1]) for name in variants},
+        "variants": {name: repr(VARIANTS[name][1]) if name in VARIANTS else
+                     f"kernel={GLUON_VARIANTS[name]!r}" for name in variants},
         "copy_bandwidth_Bps": copy_bw, "bf16_matmul_flops": matmul_rate, "results": results},
         out_dir=args.out)
     print_table(results, copy_bw, matmul_rate)

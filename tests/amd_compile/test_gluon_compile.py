@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from gluon_kernels import indexer_score, ptpc_fp8_hopper, radix_topk
+from gluon_kernels import indexer_score, indexer_score_hopper, ptpc_fp8_hopper, radix_topk
 from gluon_kernels.targets import target_for_arch
 from amd_compile.capture import capture_reports
 from amd_compile.isa import check_no_scratch, check_registers, instructions, register_report
 
-KERNEL_MODULES = [indexer_score, radix_topk, ptpc_fp8_hopper]  # the last: Hopper only
+# the last two: Hopper only
+KERNEL_MODULES = [indexer_score, radix_topk, ptpc_fp8_hopper, indexer_score_hopper]
 AMD_ARCHS = ["gfx950", "gfx942"]
 SCRIPT = Path(__file__).with_name("capture_gluon_isa.py")
 
@@ -64,9 +65,10 @@ def test_gluon_kernel_compiles_for_amd_with_its_matrix_instruction(assembly, tar
                          ids=lambda e: f"sm90-{e.name}")
 def test_gluon_kernel_nvidia_instantiation_compiles(assembly, example):
     ptx = _asm(assembly, "sm90", example.name)
-    if example.name.startswith("indexer_score"):
+    if example.name.startswith("indexer_score["):
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
-    if example.name.startswith("ptpc_gemm_hopper"):  # async wgmma, producer registers given back
+    if example.name.startswith(("ptpc_gemm_hopper", "indexer_score_hopper")):
+        # async wgmma, producer registers given back
         assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx
 
 
