@@ -222,7 +222,7 @@ def default_kernel(q: torch.Tensor, index_values: torch.Tensor, index_scales: to
     (0.248 vs 0.179 ms eager at 128K), and long prefills were not timed on it."""
     if tuned or not q.is_cuda or torch.version.hip is not None or not launches_are_replayed():
         return "triton"
-    from gluon_kernels.indexer_score_hopper import why_not_hopper
+    from gluon_kernels.indexer_score_hopper_launch import why_not_hopper
 
     reason = why_not_hopper(q, index_values, index_scales, index_format, block_size)
     return "gluon_hopper" if reason is None else "triton"
@@ -270,7 +270,7 @@ def indexer_score_triton(
             raise ValueError(f"kernel={kernel!r} takes no config or use_fp8_dot (the product is "
                              f"in the kernel's name), got config={config}, "
                              f"use_fp8_dot={use_fp8_dot}")
-        from gluon_kernels.indexer_score_hopper import indexer_score_hopper  # imports Gluon
+        from gluon_kernels.indexer_score_hopper_launch import indexer_score_hopper  # imports Gluon
 
         return indexer_score_hopper(q, head_weights, index_values, index_scales, index_format,
                                     fp8_variant, block_table, row_request, row_position,

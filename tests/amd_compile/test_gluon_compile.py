@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from gluon_kernels import indexer_score, indexer_score_hopper, ptpc_fp8_hopper, radix_topk
+from gluon_kernels import indexer_score, indexer_score_hopper_launch, ptpc_fp8_hopper, radix_topk
 from gluon_kernels.targets import target_for_arch
 from amd_compile.capture import capture_reports
 from amd_compile.isa import check_no_scratch, check_registers, instructions, register_report
 
 # the last two: Hopper only
-KERNEL_MODULES = [indexer_score, radix_topk, ptpc_fp8_hopper, indexer_score_hopper]
+KERNEL_MODULES = [indexer_score, radix_topk, ptpc_fp8_hopper, indexer_score_hopper_launch]
 AMD_ARCHS = ["gfx950", "gfx942"]
 SCRIPT = Path(__file__).with_name("capture_gluon_isa.py")
 

@@ -1,4 +1,4 @@
-"""The Hopper Gluon indexer (gluon_kernels/indexer_score_hopper.py) against indexer_score_torch.
+"""The Hopper Gluon indexer (gluon_kernels/indexer_score_hopper*.py) against indexer_score_torch.
 
 CPU: the launcher's refusals name their reason, the shared-memory formula fits every ring, and
 an offline sm_90 compile (a subprocess without TRITON_INTERPRET) shows the design: wgmma,
@@ -88,7 +88,7 @@ def verification_rows(lengths, rows_per_request, seed):
 
 def run_both(lengths, rows, block_size, seed=5, engine_view=False, **options):
     """(kernel scores, torch reference on the CPU, the inputs) for these rows."""
-    from gluon_kernels.indexer_score_hopper import indexer_score_hopper
+    from gluon_kernels.indexer_score_hopper_launch import indexer_score_hopper
 
     block_table, values, scales, gpu_values, gpu_scales = build_cache(lengths, block_size,
                                                                       seed, engine_view)
@@ -173,7 +173,7 @@ def top_k_overlap(got, want, k):
 # ---- CPU ---------------------------------------------------------------------------------
 
 def test_why_not_hopper_names_the_reason_off_a_gpu():
-    from gluon_kernels.indexer_score_hopper import why_not_hopper
+    from gluon_kernels.indexer_score_hopper_launch import why_not_hopper
 
     values = torch.zeros(2, 64, 128, dtype=torch.float8_e4m3fn)
     reason = why_not_hopper(torch.zeros(1, 32, 128), values, torch.zeros(2, 64), "fp8", 64)
@@ -204,7 +204,7 @@ def test_triton_launcher_refuses_unknown_kernels_and_foreign_knobs():
     with pytest.raises(ValueError, match=r"needs an NVIDIA Hopper GPU, got a cpu tensor"):
         indexer_score_triton(*args, kernel="gluon_hopper")
     with pytest.raises(ValueError, match=r"product must be one of"):
-        from gluon_kernels.indexer_score_hopper import indexer_score_hopper
+        from gluon_kernels.indexer_score_hopper_launch import indexer_score_hopper
         indexer_score_hopper(*args, product="bf16")
 
 
@@ -248,7 +248,7 @@ def test_query_prep_is_bit_exact_with_the_quantizer(product, dtype, device="cpu"
     interpreter; compiled on the GPU below) against the contract's quantizer: codes bit for
     bit (FP16 or e4m3fn), padded heads zero, weights x query scales bit for bit (zero past
     H_I); a strided q view."""
-    from gluon_kernels.indexer_score_hopper import prepare_queries
+    from gluon_kernels.indexer_score_hopper_query_prep import prepare_queries
 
     if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("CPU tensors need Triton's interpreter (the GPU variant runs compiled)")
@@ -282,10 +282,11 @@ import triton.backends.nvidia as nvidia
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from gluon_kernels import indexer_score_hopper as kernel
+from gluon_kernels.indexer_score_hopper_launch import compile_examples
 from gluon_kernels.targets import target_for_arch
 
 report = {}
-for example in kernel.compile_examples(target_for_arch("sm90")):
+for example in compile_examples(target_for_arch("sm90")):
     compiled = triton.compile(
         GluonASTSource(fn=example.fn, signature=example.signature,
                        constexprs=example.constexprs),
