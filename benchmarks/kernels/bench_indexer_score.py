@@ -297,7 +297,11 @@ def main() -> None:
     formats = sorted({VARIANTS[name][0] if name in VARIANTS else "fp8" for name in variants})
     caches = {f: make_index_cache(num_blocks, f, DEVICE) for f in formats}
     results = [bench_context(c, caches, variants, copy_bw, matmul_rate) for c in args.contexts]
-    path = write_result("triton_indexer_score", {
+    # A run over other contexts than the default set names them, so that runs of one round,
+    # one context each, do not overwrite each other's file.
+    suffix = "" if args.contexts == CONTEXTS else "_" + "_".join(
+        f"{c // 1024}k" for c in args.contexts)
+    path = write_result("triton_indexer_score" + suffix, {
         "shape": f"{NUM_REQUESTS} requests x {ROWS_PER_REQUEST} rows, H_I {NUM_INDEX_HEADS}, "
                  f"block {BLOCK_SIZE}",
         "variants": {name: repr(VARIANTS[name][1]) if name in VARIANTS else
