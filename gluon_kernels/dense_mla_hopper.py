@@ -24,7 +24,13 @@ sparse kernel reaches ~42% at 64 rows.
 import torch
 import triton
 
-from gluon_kernels.sparse_mla_hopper import BLOCK_H, BLOCK_N, VALUE_DIM, why_not_hopper
+from gluon_kernels.sparse_mla_hopper import (
+    BLOCK_H,
+    VALUE_DIM,
+    key_splits,
+    split_outputs,
+    why_not_hopper,
+)
 
 GROUPABLE_ROWS = (4, 2)  # rows of one request per CTA tried, largest first
 
@@ -59,7 +65,6 @@ def dense_mla_hopper(
     from atomk31.ops.sparse_mla import check_mla_query
     from atomk31.triton_kernels.mla_combine import mla_combine
     from atomk31.triton_kernels.mla_launch import LOG2_E, check_latent_cache_layout
-    from atomk31.triton_kernels.mla_tiles import MIN_TILES_PER_SPLIT, fewest_splits_filling_waves
     from gluon_kernels.sparse_mla_hopper_ws import ROLE_WARPS, sparse_mla_hopper_ws_kernel
 
     check_latent_cache_layout(latent_cache)
@@ -83,21 +88,10 @@ def dense_mla_hopper(
     q_groups = q.view(num_groups, vectors, q.shape[2])
     max_keys = block_table.shape[1] * block_size if max_position is None else max_position + 1
     num_head_blocks = triton.cdiv(vectors, int(BLOCK_H))
-    num_tiles = max(1, triton.cdiv(max_keys, int(BLOCK_N)))
-    if num_splits is None:
-        num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-        num_splits = fewest_splits_filling_waves(num_groups * num_head_blocks, num_sms,
-                                                 triton.cdiv(num_tiles, MIN_TILES_PER_SPLIT))
-    keys_per_split = triton.cdiv(num_tiles, max(1, min(num_splits, num_tiles))) * int(BLOCK_N)
-    num_splits = max(1, triton.cdiv(max_keys, keys_per_split))
+    num_splits, keys_per_split = key_splits(num_groups * num_head_blocks, max_keys, num_splits,
+                                            q.device)
     out_groups, lse_groups = out.view(num_groups, vectors, -1), lse.view(num_groups, vectors)
-    if num_splits == 1:
-        partial_out, partial_lse = out_groups[:, :, None, :], lse_groups[:, :, None]
-    else:
-        partial_out = torch.empty(num_groups, vectors, num_splits, int(VALUE_DIM),
-                                  dtype=torch.float32, device=q.device)
-        partial_lse = torch.empty(num_groups, vectors, num_splits, dtype=torch.float32,
-                                  device=q.device)
+    partial_out, partial_lse = split_outputs(out_groups, lse_groups, num_splits)
     block_table = block_table if block_table.dtype == torch.int32 else block_table.int()
     sparse_mla_hopper_ws_kernel[(num_groups * num_head_blocks, num_splits)](
         q_groups, latent_cache, block_table, partial_out, partial_lse,

@@ -285,6 +285,33 @@ def why_not_hopper(q: torch.Tensor, latent_cache: torch.Tensor) -> str | None:
     return None
 
 
+def key_splits(num_programs: int, num_keys: int, num_splits: int | None,
+               device: torch.device) -> tuple[int, int]:
+    """(splits, keys per split) of `num_keys` keys for `num_programs` CTAs a split: a split is
+    whole key tiles; None picks the fewest splits that fill the GPU."""
+    from atomk31.triton_kernels.mla_tiles import MIN_TILES_PER_SPLIT, fewest_splits_filling_waves
+
+    num_tiles = max(1, triton.cdiv(num_keys, int(BLOCK_N)))
+    if num_splits is None:
+        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+        num_splits = fewest_splits_filling_waves(num_programs, num_sms,
+                                                 triton.cdiv(num_tiles, MIN_TILES_PER_SPLIT))
+    keys_per_split = triton.cdiv(num_tiles, max(1, min(num_splits, num_tiles))) * int(BLOCK_N)
+    return max(1, triton.cdiv(num_keys, keys_per_split)), keys_per_split
+
+
+def split_outputs(out: torch.Tensor, lse: torch.Tensor,
+                  num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the kernels write ([rows, heads, splits, 512], [rows, heads, splits]): `out` and
+    `lse` themselves for one split, else fp32 partials for `mla_combine`."""
+    if num_splits == 1:
+        return out[:, :, None, :], lse[:, :, None]
+    rows, heads = lse.shape
+    return (torch.empty(rows, heads, num_splits, int(VALUE_DIM), dtype=torch.float32,
+                        device=out.device),
+            torch.empty(rows, heads, num_splits, dtype=torch.float32, device=out.device))
+
+
 def sparse_mla_hopper(
     q: torch.Tensor,
     latent_cache: torch.Tensor,
@@ -306,7 +333,6 @@ def sparse_mla_hopper(
     from atomk31.ops.sparse_mla import check_mla_query
     from atomk31.triton_kernels.mla_combine import mla_combine
     from atomk31.triton_kernels.mla_launch import LOG2_E, check_latent_cache_layout
-    from atomk31.triton_kernels.mla_tiles import MIN_TILES_PER_SPLIT, fewest_splits_filling_waves
 
     kernel, num_warps, variant = sparse_mla_hopper_kernel, int(NUM_WARPS), {}
     if warp_specialized:
@@ -337,20 +363,9 @@ def sparse_mla_hopper(
     slots = slots.to(torch.int32).contiguous()
     q = q if q.stride(-1) == 1 else q.contiguous()
     num_head_blocks = triton.cdiv(num_heads, int(BLOCK_H))
-    num_tiles = max(1, triton.cdiv(num_selected, int(BLOCK_N)))
-    if num_splits is None:
-        num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-        num_splits = fewest_splits_filling_waves(num_rows * num_head_blocks, num_sms,
-                                                 triton.cdiv(num_tiles, MIN_TILES_PER_SPLIT))
-    keys_per_split = triton.cdiv(num_tiles, max(1, min(num_splits, num_tiles))) * int(BLOCK_N)
-    num_splits = max(1, triton.cdiv(num_selected, keys_per_split))
-    if num_splits == 1:
-        partial_out, partial_lse = out[:, :, None, :], lse[:, :, None]
-    else:
-        partial_out = torch.empty(num_rows, num_heads, num_splits, int(VALUE_DIM),
-                                  dtype=torch.float32, device=q.device)
-        partial_lse = torch.empty(num_rows, num_heads, num_splits, dtype=torch.float32,
-                                  device=q.device)
+    num_splits, keys_per_split = key_splits(num_rows * num_head_blocks, num_selected, num_splits,
+                                            q.device)
+    partial_out, partial_lse = split_outputs(out, lse, num_splits)
     block_size = latent_cache.shape[1]
     if warp_specialized:  # its dense mode's arguments, unused here
         variant.update(row_request_ptr=slots, row_position_ptr=slots, heads_per_row=1,

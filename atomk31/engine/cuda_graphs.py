@@ -25,7 +25,8 @@ into the snapshot slot.
 
 Capture is lazy, on a shape's first step: one eager forward over padding rows (it compiles every
 kernel), then the capture, both under ``replayed_launches()`` so that launchers pick the
-kernels they would pick for graphs (the PTPC GEMM: the Gluon kernel whose host launch is slow).
+kernels they would pick for graphs (on Hopper the Gluon PTPC GEMM and indexer, whose host launches
+are slow).
 All graphs share one memory pool; only one replays at a time and its logits are consumed
 before the next step. At most MAX_GRAPHS are kept (least recently used dropped): each holds its
 block tables (batch x context / block_size int32) and the graph's kernel parameters.

@@ -305,3 +305,20 @@ def test_sparse_mla_gluon_hopper_compiles_for_sm90_offline():
         else:
             bound = 32  # None under 3.6 (the H200's), 32 B under 3.9: more would be new spills
         assert compiled["stack"] is None or compiled["stack"] <= bound, f"{variant}: {compiled}"
+
+
+def test_key_splits_and_split_outputs():
+    """The Gluon MLA launchers' shared split plan: whole 64-key tiles a split, no empty split,
+    and the outputs themselves as the kernel's target when there is one split."""
+    from gluon_kernels.sparse_mla_hopper import key_splits, split_outputs
+
+    assert key_splits(32, 16384, 4, torch.device("cpu")) == (4, 4096)
+    assert key_splits(10, 130, 2, torch.device("cpu")) == (2, 128)  # 3 tiles: 2 + 1
+    assert key_splits(10, 1, 8, torch.device("cpu")) == (1, 64)
+    assert key_splits(10, 2048, 40, torch.device("cpu")) == (32, 64)  # at most one per tile
+    out, lse = torch.zeros(3, 5, 512), torch.zeros(3, 5)
+    partial_out, partial_lse = split_outputs(out, lse, 1)
+    assert partial_out.data_ptr() == out.data_ptr() and partial_out.shape == (3, 5, 1, 512)
+    assert partial_lse.data_ptr() == lse.data_ptr() and partial_lse.shape == (3, 5, 1)
+    partial_out, partial_lse = split_outputs(out, lse, 3)
+    assert partial_out.shape == (3, 5, 3, 512) and partial_lse.shape == (3, 5, 3)
