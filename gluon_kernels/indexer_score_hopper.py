@@ -25,6 +25,11 @@ relu(q_codes · k_codes), the per-head query scale folded into the weights. PROD
     codes, one fresh wgmma per 32-wide K slice added into an fp32 accumulator (Hopper keeps
     ~14 bits of an FP8 wgmma's running sum).
   "fp8" (opt-in): one K = 128 FP8 wgmma chain, no promotion.
+  "fp16_ss" (exact, the same products and sums as "fp16"; launcher kernel "gluon_hopper_ss",
+    opt-in: measured slower than "fp16", see Measured): both operands in shared memory:
+    a converter warpgroup turns each tile's FP8 codes into an FP16 buffer
+    (indexer_score_hopper_converter.py), so the consumers hold no A registers and are
+    pipelined as "fp8" is (FP16 SS design below).
 Bound for the FP8 modes (tests/gluon_kernels/test_indexer_score_hopper.py derives it): each
 product q_c k_c is exact in fp32; the tensor core aligns a K = 32 slice's products to the
 largest and keeps ~13 fractional bits below it, so a slice's sum is off by < 32 x 2^-13 x
@@ -57,6 +62,29 @@ roles):
     stored along keys.
   * Positions past every row of a request in a program's range: -inf stores only.
 
+FP16 SS design ("fp16_ss"; sparse_mla_hopper_ws's key producer does the same for the MLA
+latent). Four partitions: consumer 0 (the default warpgroup), consumer 1, the converter (one
+warpgroup), the producer (one warp); 13 warps, launched as 16. Tile n of the program's sequence
+(all four walk the same one) lives in ring stage n % NUM_STAGES, then FP16 buffer
+n % NUM_BUFFERS (6 buffers of [64, 128] fp16 codes and [64] fp32 key scales), consumer n % 2.
+Every mbarrier has count 1: one arrive, by one thread after its partition's bar.sync:
+  ready[s]      producer's expect + both TMA loads -> converter waits (n // NUM_STAGES) & 1;
+  empty[s]      converter, once it has read the stage -> producer waits that ^ 1 (a fresh
+                barrier counts as having completed the phase before phase 0);
+  k16_ready[b]  converter, after its stores, fence.proxy.async and bar.sync -> consumer waits
+                (n // NUM_BUFFERS) & 1;
+  k16_free[b]   consumer, after the wgmma wait that retires tile n's products -> converter
+                waits that ^ 1 before writing tile n + NUM_BUFFERS.
+The consumers issue tile n + 2's products before tile n's epilogue (the "fp8" loop: two
+accumulators), so each holds up to two buffers; with 6 the converter runs up to two tiles ahead
+of them. No wait cycle: the converter's wait for tile n's buffer needs tile n - 6 released,
+which needs tile n - 4 converted (earlier in its order); the producer's needs only the
+converter's reads. No phase can be lapped: a barrier's next arrive needs the wait on its last.
+Registers (setmaxnreg): consumers 208, converter 64, producer 32 (its warpgroup's three
+padding warps too): 2 x 208 x 128 + 64 x 128 + 32 x 128 = 65,536, a cap of 128 at entry.
+Shared (ROWS 4, 32 heads): queries 2 x 32 KiB, buffers 6 x 16,640 B, ring 7 x 8,448 B (the
+converter holds a stage only while reading it): 225,020 B.
+
 Shared memory (`shared_bytes` is the one formula; ROWS 4, 32 heads, fp16): queries 2 consumers
 x 128 x 128 x 2 B = 64 KiB; the ring NUM_STAGES x (8192 + 256) B, 16 stages = 132 KiB;
 barriers: 197 KiB of 227 KiB (ROWS 8: queries 128 KiB, 11 stages; fp8 4 rows: queries 32 KiB,
@@ -69,13 +97,19 @@ Measured (H200, session 7 round 3, CUDA-graph ms, 16 requests x 4 rows, query pr
 fp8_acc32 - / 0.162 / 1.231 (error 3.7-4.3x the op's tolerance); gluon fp8 0.025 / 0.127 /
 0.984 (37.1% / 57.3% / 59.4%; error 17-26x the tolerance, top-2048 overlap with the exact
 scores 0.9997-0.9998). Round 1 predicted ~0.105 (fp16) and ~0.080 (fp8) at 128K and
-measured 0.192 / 0.154; round 3 predicted 0.13-0.15 / ~0.09: 1.1-1.4x optimistic. Next: for fp16, its A operand through shared memory (wgmma SS: frees 32
-registers and lets its products overlap the epilogue as fp8's do); for fp8, the producer warp
+measured 0.192 / 0.154; round 3 predicted 0.13-0.15 / ~0.09: 1.1-1.4x optimistic. Round 4
+(da0966b + fp16_ss): fp16's A operand through shared memory, "fp16_ss", was predicted at
+0.027 / 0.125 / 0.97 ms and measured 0.036 / 0.189 / 1.429 (fp16 beside it 0.032 / 0.164 /
+1.275): the converter's shared-memory round trip and a 7-stage ring (16 for the others) cost
+more than the pipelined products gain. Kept selectable as the base of that design, not the
+default. Next: for fp16_ss, a deeper ring (fewer FP16 buffers) and an ncu reading; for fp8,
+the producer warp
 (93 instructions a tile: ~200-300 latency cycles against the 518 a tile's bytes take) or the
 consumers' ready waits, which ncu should tell apart. Round by round: benchmarks/NOTES.md.
 
-Offline sm_90 compile (`compile_examples`, maxnreg 168; tests/gluon_kernels/
-test_indexer_score_hopper.py checks it). Registers: the highest index a consumer uses (of 232);
+Offline sm_90 compile (`compile_examples`, maxnreg 168, fp16_ss 128; tests/gluon_kernels/
+test_indexer_score_hopper_offline.py checks it). Registers: the highest index a consumer uses
+(of 232; fp16_ss of 208);
 "loop": SASS instructions of one consumer's tile loop a tile (fp8: its two-tile loop / 2),
 "bar": bar.sync a tile in it; no local-memory op in any tile loop:
   example (32 heads)  triton 3.6 (H200's): regs, stack, loop, bar   triton 3.9: same
@@ -84,12 +118,17 @@ test_indexer_score_hopper.py checks it). Registers: the highest index a consumer
   fp16 1 row          106, 0, 162, 2                                112, 0, 180, 3
   fp8_acc32 4 rows    229, 48 B, 509, 2                             218, 0, 525, 3
   fp8 4 rows          229, 48 B, 275, 2                             210, 0, 287, 3
+  fp16_ss 4 rows      205 (of 208), 88 B, 293, 2                    205, 88 B, 294, 3
+  fp16_ss 1 row       75, 0, 106, 2                                 81, 24 B, 117, 3
+(fp16_ss: its converter's loop 89 (3.9: 81) instructions a tile: 4 LDS.128, 32 F2FP, 8
+STS.128, 3 bar.sync; its producer's 80 (63). ptxas warns of nothing: no serialized wgmma.)
 (3.9's barrier pass adds one before the arrive next to ours: three in a row, the same point.)
 A fp16 tile (4 rows, 3.6): 8 HGMMA 64x128x16, 34 LDS (the codes, 2 bytes each, and the
 scales) + 32 F2FP, 64 FMNMX, 56 FFMA, 16 SHFL, 8 STG; fp8_acc32: 8 QGMMA 64x64x32 and 208
 FADD; fp8: 4 QGMMA 64x128x32, 2 LDS. The stack bytes are used outside the tile loops.
 Shared memory (metadata): 201,160 B (fp16 4 rows, 16 stages), 224,384 B (8 rows, 11),
-152,008 B (1 row), 168,392 B (fp8 modes, 16 stages).
+152,008 B (1 row), 168,392 B (fp8 modes, 16 stages), 225,020 B (fp16_ss 4 rows, 7 stages),
+226,652 B (fp16_ss 1 row, 13 stages).
 
 Limits (why_not_hopper): NVIDIA sm_90, e4m3fn keys, block_size a multiple of 64, TMA's rules
 (16-byte aligned bases, 16-byte multiples for the block strides of values and scales, unit
@@ -103,6 +142,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from gluon_kernels.indexer_score_hopper_consumer import _consumer
+from gluon_kernels.indexer_score_hopper_converter import _converter
 from gluon_kernels.indexer_score_hopper_work_split import (
     BLOCK_N, INDEX_DIM, _num_segments, _request_of_row, _segment,
 )
@@ -111,15 +151,23 @@ MAX_HEADS = 128  # HEADS_PAD: a row's columns in one product
 # Query columns (rows x heads) per product and per program (two products at most): the fp16
 # products 128 (64 accumulator registers a thread) and 256; fp8_acc32, whose partial sums need
 # a second accumulator, 64 and 128; fp8 128 and 128 (the same rows as fp8_acc32).
-MAX_COLUMNS = {"fp16": 256, "fp8_acc32": 128, "fp8": 128}
+# fp16_ss 128 (one part: pipelined, two accumulators).
+MAX_COLUMNS = {"fp16": 256, "fp8_acc32": 128, "fp8": 128, "fp16_ss": 128}
 MAX_STAGES = 16
-PRODUCTS = ("fp16", "fp8_acc32", "fp8")
+PRODUCTS = ("fp16", "fp8_acc32", "fp8", "fp16_ss")
+NUM_BUFFERS = gl.constexpr(6)  # fp16_ss: the converter's FP16 key buffers (consumers hold 4)
 PAGES_PER_READ = gl.constexpr(32)  # block-table entries the producer warp reads at once
 # Registers per thread (setmaxnreg), as ptpc_fp8_hopper: consumers 232, producer 40;
 # 40 x 128 + 2 x 232 x 128 = 64512 of 65536: a cap of 168 at entry.
 CONSUMER_REGISTERS = gl.constexpr(232)
 PRODUCER_REGISTERS = gl.constexpr(40)
 KERNEL_MAX_REGISTERS = 168
+# fp16_ss: four partitions, 13 warps padded to 16 (512 threads: a cap of 128 at entry);
+# SS_CONSUMER x 2 x 128 + CONVERTER x 128 + SS_PRODUCER x 128 <= 65536.
+SS_CONSUMER_REGISTERS = gl.constexpr(208)
+CONVERTER_REGISTERS = gl.constexpr(64)
+SS_PRODUCER_REGISTERS = gl.constexpr(32)
+SS_KERNEL_MAX_REGISTERS = 128
 MAX_SHARED_BYTES = 227 * 1024  # per block on sm_90
 # Triton 3.9 renamed the TMA copy (3.6: async_copy_global_to_shared)
 TMA_LOAD = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -206,7 +254,8 @@ def indexer_score_hopper_kernel(
     PART: gl.constexpr = 64 if PRODUCT == "fp8_acc32" else 128
     COLUMNS: gl.constexpr = ROWS * HEADS_PAD if ROWS * HEADS_PAD < PART else PART
     NUM_PARTS: gl.constexpr = ROWS * HEADS_PAD // COLUMNS
-    Q_DTYPE: gl.constexpr = gl.float16 if PRODUCT == "fp16" else gl.float8e4nv
+    Q_DTYPE: gl.constexpr = gl.float8e4nv if PRODUCT == "fp8" or PRODUCT == "fp8_acc32" \
+        else gl.float16
     Q_SHARED: gl.constexpr = gl.NVMMASharedLayout.get_default_for([COLUMNS, INDEX_DIM], Q_DTYPE)
     keys = gl.allocate_shared_memory(key_desc.dtype, [NUM_STAGES] + key_desc.block_type.shape,
                                      key_desc.layout)
@@ -219,26 +268,67 @@ def indexer_score_hopper_kernel(
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)  # the producer's expect; then the TMA bytes
-        mbarrier.init(empty.index(i), count=1)  # the consumer of the tile
-    gl.warp_specialize([
-        (_consumer, (keys, scales, q_smem0, ready, empty, q_ptr, weights_ptr, row_request_ptr,
-                     row_position_ptr, scores_ptr, num_rows, num_positions, tiles_per_row_tile,
-                     num_row_tiles, stride_scores_row, 0, ROWS, HEADS_PAD, PRODUCT)),
-        (_consumer, (keys, scales, q_smem1, ready, empty, q_ptr, weights_ptr, row_request_ptr,
-                     row_position_ptr, scores_ptr, num_rows, num_positions, tiles_per_row_tile,
-                     num_row_tiles, stride_scores_row, 1, ROWS, HEADS_PAD, PRODUCT)),
-        (_producer, (key_desc, scale_desc, keys, scales, ready, empty, block_table_ptr,
-                     row_request_ptr, row_position_ptr, num_rows, num_positions, block_size,
-                     tiles_per_row_tile, num_row_tiles, stride_table_r, ROWS)),
-    ], [4, 1], [CONSUMER_REGISTERS, PRODUCER_REGISTERS])
+        mbarrier.init(empty.index(i), count=1)  # the tile's consumer (fp16_ss: converter)
+    if PRODUCT == "fp16_ss":
+        # The converter's FP16 key buffers and their scales, the consumers' `keys` / `scales`
+        # (the consumer code is the same: stage n % NUM_STAGES there is buffer n % NUM_BUFFERS).
+        K16_SHARED: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, INDEX_DIM],
+                                                                        gl.float16)
+        k16 = gl.allocate_shared_memory(gl.float16, [NUM_BUFFERS, BLOCK_N, INDEX_DIM],
+                                        K16_SHARED)
+        k16_scales = gl.allocate_shared_memory(scale_desc.dtype,
+                                               [NUM_BUFFERS] + scale_desc.block_type.shape,
+                                               scale_desc.layout)
+        k16_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1],
+                                              mbarrier.MBarrierLayout())
+        k16_free = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1],
+                                             mbarrier.MBarrierLayout())
+        for i in gl.static_range(NUM_BUFFERS):
+            mbarrier.init(k16_ready.index(i), count=1)  # the converter, after its barrier
+            mbarrier.init(k16_free.index(i), count=1)  # the consumer of the tile
+        gl.warp_specialize([
+            (_consumer, (k16, k16_scales, q_smem0, k16_ready, k16_free, q_ptr, weights_ptr,
+                         row_request_ptr, row_position_ptr, scores_ptr, num_rows,
+                         num_positions, tiles_per_row_tile, num_row_tiles, stride_scores_row,
+                         0, ROWS, HEADS_PAD, PRODUCT)),
+            (_consumer, (k16, k16_scales, q_smem1, k16_ready, k16_free, q_ptr, weights_ptr,
+                         row_request_ptr, row_position_ptr, scores_ptr, num_rows,
+                         num_positions, tiles_per_row_tile, num_row_tiles, stride_scores_row,
+                         1, ROWS, HEADS_PAD, PRODUCT)),
+            (_converter, (keys, scales, ready, empty, k16, k16_scales, k16_ready, k16_free,
+                          row_request_ptr, row_position_ptr, num_rows, num_positions,
+                          tiles_per_row_tile, num_row_tiles, ROWS)),
+            (_producer, (key_desc, scale_desc, keys, scales, ready, empty, block_table_ptr,
+                         row_request_ptr, row_position_ptr, num_rows, num_positions,
+                         block_size, tiles_per_row_tile, num_row_tiles, stride_table_r,
+                         ROWS)),
+        ], [4, 4, 1], [SS_CONSUMER_REGISTERS, CONVERTER_REGISTERS, SS_PRODUCER_REGISTERS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (keys, scales, q_smem0, ready, empty, q_ptr, weights_ptr,
+                         row_request_ptr, row_position_ptr, scores_ptr, num_rows,
+                         num_positions, tiles_per_row_tile, num_row_tiles, stride_scores_row,
+                         0, ROWS, HEADS_PAD, PRODUCT)),
+            (_consumer, (keys, scales, q_smem1, ready, empty, q_ptr, weights_ptr,
+                         row_request_ptr, row_position_ptr, scores_ptr, num_rows,
+                         num_positions, tiles_per_row_tile, num_row_tiles, stride_scores_row,
+                         1, ROWS, HEADS_PAD, PRODUCT)),
+            (_producer, (key_desc, scale_desc, keys, scales, ready, empty, block_table_ptr,
+                         row_request_ptr, row_position_ptr, num_rows, num_positions,
+                         block_size, tiles_per_row_tile, num_row_tiles, stride_table_r,
+                         ROWS)),
+        ], [4, 1], [CONSUMER_REGISTERS, PRODUCER_REGISTERS])
 
 
 def shared_bytes(rows: int, heads_pad: int, num_stages: int, product: str) -> int:
     """Shared memory of a launch: the ring (keys and scales of a tile per stage), the two
     consumers' query copies and the barriers (and a KiB of the compiler's scratch)."""
-    query_bytes = 2 if product == "fp16" else 1
+    query_bytes = 1 if product in ("fp8", "fp8_acc32") else 2
     ring = num_stages * BLOCK_N.value * (INDEX_DIM.value + 4)
-    return ring + 2 * rows * heads_pad * INDEX_DIM.value * query_bytes + 1024
+    # fp16_ss: the converter's FP16 buffers (codes and scales) and their two barriers each
+    buffers = NUM_BUFFERS.value * (BLOCK_N.value * (2 * INDEX_DIM.value + 4) + 16) \
+        if product == "fp16_ss" else 0
+    return ring + buffers + 2 * rows * heads_pad * INDEX_DIM.value * query_bytes + 1024
 
 
 def stages_that_fit(rows: int, heads_pad: int, product: str) -> int:
@@ -247,3 +337,8 @@ def stages_that_fit(rows: int, heads_pad: int, product: str) -> int:
     while stages > 2 and shared_bytes(rows, heads_pad, stages, product) > MAX_SHARED_BYTES:
         stages -= 1
     return stages
+
+
+def kernel_max_registers(product: str) -> int:
+    """The launch's maxnreg: what each thread holds at entry, before setmaxnreg."""
+    return SS_KERNEL_MAX_REGISTERS if product == "fp16_ss" else KERNEL_MAX_REGISTERS

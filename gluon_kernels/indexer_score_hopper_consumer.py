@@ -8,6 +8,9 @@ consumer's own copy of the row tile's queries in shared memory; the stage back t
 right after the wgmma wait (`_release`), before the epilogue; then the epilogue (relu, x the
 weights, a sum per row, x the key scale, -inf past each row's position, stored along keys). The
 "fp8" products of one part are pipelined: tile n + 2's products run under tile n's epilogue.
+"fp16_ss" runs the same pipelined code on the converter's FP16 buffers (passed as `keys`,
+`scales`, `ready`, `empty`: buffer n % NUM_BUFFERS for stage n % NUM_STAGES; its release frees
+the buffer for the converter, indexer_score_hopper_converter.py).
 """
 
 from triton.experimental import gluon
@@ -95,8 +98,9 @@ def _wait_tile(keys, scales, ready, n, A_LAYOUT: gl.constexpr, SCALE_LAYOUT: gl.
 
 @gluon.jit
 def _start_products(keys, q_smem, n, a_regs, ACC: gl.constexpr, PRODUCT: gl.constexpr):
-    """Tile n's [64 keys, columns] products (one part; "fp16" or "fp8") issued, not waited
-    for: they run on the tensor cores under the previous tile's epilogue."""
+    """Tile n's [64 keys, columns] products (one part; "fp8", or "fp16_ss" from the FP16
+    buffer) issued, not waited for: they run on the tensor cores under the previous tile's
+    epilogue."""
     NUM_STAGES: gl.constexpr = keys.shape[0]
     COLUMNS: gl.constexpr = q_smem.shape[1]
     acc = gl.zeros([BLOCK_N, COLUMNS], gl.float32, ACC)
@@ -200,7 +204,7 @@ def _consumer(keys, scales, q_smem, ready, empty, q_ptr, weights_ptr, row_reques
     NUM_PARTS: gl.constexpr = q_smem.shape[0]
     COLUMNS: gl.constexpr = q_smem.shape[1]
     R: gl.constexpr = COLUMNS // HEADS_PAD  # rows per part
-    K_INSTR: gl.constexpr = 16 if PRODUCT == "fp16" else 32
+    K_INSTR: gl.constexpr = 32 if PRODUCT == "fp8" or PRODUCT == "fp8_acc32" else 16
     ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, COLUMNS, K_INSTR])
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
@@ -216,7 +220,9 @@ def _consumer(keys, scales, q_smem, ready, empty, q_ptr, weights_ptr, row_reques
     # one part. Not fp16: its A operand in registers makes ptxas serialize the wgmma once two
     # tiles' products overlap (C7512, "insufficient register resources", even at 1 row), and
     # at 4 rows 64 + 64 accumulator, 32 A and 32 weight registers a thread spill.
-    PIPELINED: gl.constexpr = NUM_PARTS == 1 and PRODUCT == "fp8"
+    # "fp16_ss" (A = the converter's FP16 buffer in shared memory, its `keys`) is pipelined
+    # as "fp8" is: no register A operand, and 128 columns at most (one part).
+    PIPELINED: gl.constexpr = NUM_PARTS == 1 and (PRODUCT == "fp8" or PRODUCT == "fp16_ss")
     TAIL_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [4, 1], [0, 1])
     program = gl.program_id(0)
     num_programs = gl.num_programs(0)

@@ -11,7 +11,7 @@ import triton
 from triton.experimental.gluon import language as gl
 
 from gluon_kernels.indexer_score_hopper import (
-    KERNEL_MAX_REGISTERS, MAX_COLUMNS, MAX_HEADS, PRODUCTS, indexer_score_hopper_kernel,
+    MAX_COLUMNS, MAX_HEADS, PRODUCTS, indexer_score_hopper_kernel, kernel_max_registers,
     stages_that_fit,
 )
 from gluon_kernels.indexer_score_hopper_query_prep import prepare_queries
@@ -142,7 +142,7 @@ def indexer_score_hopper(
         num_rows, num_positions, block_size, tiles_per_row_tile, num_row_tiles,
         block_table.stride(0), scores.stride(0),
         ROWS=rows, HEADS_PAD=heads_pad, NUM_STAGES=stages_that_fit(rows, heads_pad, product),
-        PRODUCT=product, num_warps=4, maxnreg=KERNEL_MAX_REGISTERS)
+        PRODUCT=product, num_warps=4, maxnreg=kernel_max_registers(product))
     return scores
 
 
@@ -153,8 +153,9 @@ def descriptor_type(dtype_name: str, block_shape: list[int], is_fp8: bool) -> st
 
 def compile_examples(target: object) -> list:
     """What the bench's launches compile on sm_90 (K3.1's 32 heads; 4 verification rows in
-    each product mode, 8 rows and 1 row exact), for offline compiles (gluon_kernels/compile.py;
-    the launch adds maxnreg = KERNEL_MAX_REGISTERS); none off sm_90."""
+    each product mode, 8 rows and 1 row of fp16, 1 row of fp16_ss), for offline compiles
+    (gluon_kernels/compile.py; the launch adds maxnreg = kernel_max_registers(product)); none
+    off sm_90."""
     from gluon_kernels.compile import CompileExample
 
     if getattr(target, "arch", None) != "sm90":
@@ -169,10 +170,12 @@ def compile_examples(target: object) -> list:
         "stride_scores_row": "i32", "ROWS": "constexpr", "HEADS_PAD": "constexpr",
         "NUM_STAGES": "constexpr", "PRODUCT": "constexpr"}
     examples = []
-    for rows, product in ((4, "fp16"), (8, "fp16"), (1, "fp16"), (4, "fp8_acc32"), (4, "fp8")):
+    for rows, product in ((4, "fp16"), (8, "fp16"), (1, "fp16"), (4, "fp8_acc32"), (4, "fp8"),
+                          (4, "fp16_ss"), (1, "fp16_ss")):
         constexprs = {"ROWS": rows, "HEADS_PAD": 32, "PRODUCT": product,
                       "NUM_STAGES": stages_that_fit(rows, 32, product)}
-        types = signature if product == "fp16" else {**signature, "q_ptr": "*fp8e4nv"}
+        types = signature if product.startswith("fp16") else {**signature,
+                                                              "q_ptr": "*fp8e4nv"}
         examples.append(CompileExample(f"indexer_score_hopper[{product} rows{rows}]",
                                        indexer_score_hopper_kernel, types, constexprs,
                                        num_warps=4))

@@ -41,11 +41,11 @@ def query_prep_kernel(
 def prepare_queries(q: torch.Tensor, head_weights: torch.Tensor, heads_pad: int,
                     product: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's query operands in one launch (CUDA-graph friendly: no host values):
-    codes [Nq, heads_pad, 128] (FP16 for "fp16", else e4m3fn), bit-exact with
+    codes [Nq, heads_pad, 128] (FP16 for "fp16" and "fp16_ss", else e4m3fn), bit-exact with
     `quantize_index_keys(q, "fp8", "e4m3fn")`, and the head weights x query scales
     [Nq, heads_pad] fp32 (zero past H_I). A Triton kernel: runs under the interpreter too."""
     num_rows, num_heads = q.shape[0], q.shape[1]
-    code_dtype = torch.float16 if product == "fp16" else torch.float8_e4m3fn
+    code_dtype = torch.float16 if product in ("fp16", "fp16_ss") else torch.float8_e4m3fn
     codes = torch.empty(num_rows, heads_pad, INDEX_DIM.value, dtype=code_dtype, device=q.device)
     weights = torch.empty(num_rows, heads_pad, dtype=torch.float32, device=q.device)
     if num_rows:

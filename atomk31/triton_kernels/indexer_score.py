@@ -255,6 +255,8 @@ def indexer_score_triton(
       only): faster, but 4x outside the op's tolerance on the H200 (indexer_score_config).
     kernel: "triton" (this file's kernel, every target) or a Gluon Hopper kernel
       (gluon_kernels/indexer_score_hopper.py: "gluon_hopper" exact fp16 products,
+      "gluon_hopper_ss" the same products from FP16 keys in shared memory (exact; slower on the
+      H200, 0.189 vs 0.164 ms at 128K),
       "gluon_hopper_fp8_acc32" / "gluon_hopper_fp8" opt-in fp8 products outside the
       tolerance); None: `default_kernel`. A Gluon kernel that cannot take the inputs
       (`why_not_hopper`: not sm_90, MXFP4 keys, TMA's 16-byte stride rules) raises

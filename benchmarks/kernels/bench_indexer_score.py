@@ -17,9 +17,10 @@ check read ~680 for every variant); `worst` is the largest error over the GPU te
 1e-5 |score| + 1e-5 max |score| (<= 1 passes). The number of query codes on which torch's GPU
 and CPU quantizers differ is printed too.
 
-Gluon (session 7): "gluon fp16" / "gluon fp8_acc32" / "gluon fp8" run the Hopper Gluon kernel
-(gluon_kernels/indexer_score_hopper.py, the launcher's kernel="gluon_hopper*") beside the Triton
-default. For every fp8 variant, `topk` is the mean over rows of the overlap of its top-2048
+Gluon (session 7): "gluon fp16" / "gluon fp16_ss" / "gluon fp8_acc32" / "gluon fp8" run the
+Hopper Gluon kernel (gluon_kernels/indexer_score_hopper.py, the launcher's
+kernel="gluon_hopper*"; fp16_ss: the exact products from FP16 keys in shared memory) beside the
+Triton default. For every fp8 variant, `topk` is the mean over rows of the overlap of its top-2048
 positions with the exact scores' (the float64 reference; the torch one at 16K).
 
 Usage: python -m benchmarks.kernels.bench_indexer_score [--quick] [--out DIR]
@@ -96,8 +97,8 @@ VARIANTS: dict[str, tuple[str, IndexerScoreConfig | None]] = {
     "mxfp4 default": ("mxfp4", None),
 }
 # name -> the launcher's kernel (FP8 keys, the Gluon Hopper kernel's products)
-GLUON_VARIANTS = {"gluon fp16": "gluon_hopper", "gluon fp8_acc32": "gluon_hopper_fp8_acc32",
-                  "gluon fp8": "gluon_hopper_fp8"}
+GLUON_VARIANTS = {"gluon fp16": "gluon_hopper", "gluon fp16_ss": "gluon_hopper_ss",
+                  "gluon fp8_acc32": "gluon_hopper_fp8_acc32", "gluon fp8": "gluon_hopper_fp8"}
 TOP_K = 2048  # the indexer's selection (§4.6)
 QUICK_VARIANTS = ["default", "bf16 words n128 s4", "fp16 n128 s3", "fp16 n64 w4 s4 pps2",
                   "fp16 n64 w4 s6 pps2 full", "fp16 n64 w4 s4 pps2 full", "fp8 opt-in",

@@ -1,19 +1,12 @@
-"""The Hopper Gluon indexer (gluon_kernels/indexer_score_hopper*.py) against indexer_score_torch.
-
-CPU: the launcher's refusals name their reason, the shared-memory formula fits every ring, and
-an offline sm_90 compile (a subprocess without TRITON_INTERPRET) shows the design: wgmma,
-TMA loads, register hand-back, no stack in the exact and fp8 kernels. GPU (``-m gpu``, sm_90
-only): awkward shapes (length 1, lengths off the 64-key tile, mixed requests, 1 / 4 / 8 rows a
-request in any order, block sizes 64 and 128, a strided engine cache view) within the op's
-tolerance for the exact fp16 products; the fp8 products within a bound derived from how Hopper
-accumulates them (`fp8_error_bound`), their top-k overlap with the exact scores printed.
+"""The Hopper Gluon indexer (gluon_kernels/indexer_score_hopper*.py) on an sm_90 GPU (``-m gpu``)
+against indexer_score_torch: awkward shapes (length 1, lengths off the 64-key tile, mixed
+requests, 1 / 4 / 8 rows a request in any order, block sizes 64 and 128, a strided engine cache
+view) within the op's tolerance for both exact products ("fp16": keys converted in registers;
+"fp16_ss": converted into shared memory by the converter warpgroup); the fp8 products within a
+bound derived from how Hopper accumulates them (`fp8_error_bound`), their top-k overlap with the
+exact scores printed. No GPU: test_indexer_score_hopper_offline.py (refusals, shared memory,
+the offline sm_90 compile) and test_indexer_score_hopper_query_prep.py.
 """
-
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +15,6 @@ from atomk31.cache.layout import CacheLayoutSpec, PackedLayout
 from atomk31.ops.indexer_score import indexer_score_torch
 from atomk31.ops.kv_write import kv_write_torch, quantize_index_keys
 
-REPO = Path(__file__).resolve().parents[2]
 IS_HOPPER = torch.cuda.is_available() and torch.version.hip is None and \
     torch.cuda.get_device_capability()[0] == 9
 hopper = pytest.mark.skipif(not IS_HOPPER, reason="needs an NVIDIA sm_90 GPU (wgmma, TMA)")
@@ -170,178 +162,6 @@ def top_k_overlap(got, want, k):
     return sum(overlaps) / len(overlaps) if overlaps else float("nan")
 
 
-# ---- CPU ---------------------------------------------------------------------------------
-
-def test_why_not_hopper_names_the_reason_off_a_gpu():
-    from gluon_kernels.indexer_score_hopper_launch import why_not_hopper
-
-    values = torch.zeros(2, 64, 128, dtype=torch.float8_e4m3fn)
-    reason = why_not_hopper(torch.zeros(1, 32, 128), values, torch.zeros(2, 64), "fp8", 64)
-    assert reason == "needs an NVIDIA Hopper GPU, got a cpu tensor"
-    assert "interpreter" in why_not_hopper(torch.zeros(1), values, values, "fp8", 64,
-                                           interpreted=True)
-
-
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("product", ["fp16", "fp8"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_query_prep_compiled_is_bit_exact_with_the_quantizer(product, dtype):
-    test_query_prep_is_bit_exact_with_the_quantizer(product, dtype, device=DEVICE)
-
-
-def test_triton_launcher_refuses_unknown_kernels_and_foreign_knobs():
-    from atomk31.triton_kernels.indexer_score import IndexerScoreConfig, indexer_score_triton
-
-    args = (torch.zeros(1, 32, 128), torch.zeros(1, 32),
-            torch.zeros(2, 64, 128, dtype=torch.float8_e4m3fn), torch.zeros(2, 64), "fp8",
-            "e4m3fn", torch.zeros(1, 2, dtype=torch.int32), torch.zeros(1, dtype=torch.int32),
-            torch.zeros(1, dtype=torch.int64), 64)
-    with pytest.raises(ValueError, match=r"kernel must be one of \('triton', 'gluon_hopper'"):
-        indexer_score_triton(*args, kernel="cutlass")
-    with pytest.raises(ValueError, match=r"takes no config or use_fp8_dot"):
-        indexer_score_triton(*args, kernel="gluon_hopper", config=IndexerScoreConfig())
-    with pytest.raises(ValueError, match=r"needs an NVIDIA Hopper GPU, got a cpu tensor"):
-        indexer_score_triton(*args, kernel="gluon_hopper")
-    with pytest.raises(ValueError, match=r"product must be one of"):
-        from gluon_kernels.indexer_score_hopper_launch import indexer_score_hopper
-        indexer_score_hopper(*args, product="bf16")
-
-
-@pytest.mark.parametrize("product", ["fp16", "fp8_acc32", "fp8"])
-@pytest.mark.parametrize("rows", [1, 2, 4, 8])
-def test_every_launch_shape_fits_shared_memory(product, rows):
-    from gluon_kernels import indexer_score_hopper as kernel
-
-    rows = min(rows, kernel.MAX_COLUMNS[product] // NUM_HEADS)
-    stages = kernel.stages_that_fit(rows, NUM_HEADS, product)
-    assert stages >= 8, f"{product} rows {rows}: only {stages} stages fit"
-    assert kernel.shared_bytes(rows, NUM_HEADS, stages, product) <= kernel.MAX_SHARED_BYTES
-
-
-def awkward_queries(num_rows, num_heads, dtype, seed):
-    """Queries whose quantization takes every path: an all-zero head (the amax floor), a head
-    below the floor, heads whose largest values divide to ~448 (saturation), values that land
-    in e4m3's subnormals and under half its smallest step, fp32 subnormals, -0, and random
-    magnitudes over 2^-20..2^20."""
-    generator = torch.Generator().manual_seed(seed)
-    q = torch.randn(num_rows, num_heads, 128, generator=generator)
-    q *= torch.exp2(torch.randint(-20, 21, (num_rows, num_heads, 1), generator=generator).float())
-    q[0, 0] = 0.0
-    q[0, 1] = 3e-5 * torch.randn(128, generator=generator)  # amax under the 1e-4 floor
-    q[0, 2, :64] = 1.0 / 448 * torch.arange(64) * 2.0**-8  # codes 0, 2^-9.. (subnormals)
-    q[0, 2, 64] = 1.0
-    q[0, 2, 65:68] = torch.tensor([1.0, 2.0, 3.0]) * 2.0**-11 / 448  # under / at / over half a step
-    q[0, 3, :] = -0.0
-    q[0, 3, 5] = 7.0
-    if num_rows > 1:
-        q[1, 0, :] = 448.0 * (1 - torch.rand(128, generator=generator) * 2.0**-10)
-        q[1, 0, 3] = -448.0
-        q[1, 1, :8] = torch.tensor([1e-40, -1e-39, 1e-38, 0.0, 2e-45, -0.0, 5.0, -5.0])
-    return q.to(dtype)
-
-
-@pytest.mark.parametrize("product", ["fp16", "fp8"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_query_prep_is_bit_exact_with_the_quantizer(product, dtype, device="cpu"):
-    """The launcher's one-launch query preparation (a Triton kernel, run here by the
-    interpreter; compiled on the GPU below) against the contract's quantizer: codes bit for
-    bit (FP16 or e4m3fn), padded heads zero, weights x query scales bit for bit (zero past
-    H_I); a strided q view."""
-    from gluon_kernels.indexer_score_hopper_query_prep import prepare_queries
-
-    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("CPU tensors need Triton's interpreter (the GPU variant runs compiled)")
-    num_rows, num_heads, heads_pad = 3, 20, 32
-    q = awkward_queries(num_rows, num_heads, dtype, seed=23)
-    wide = torch.full((num_rows, 2 * num_heads, 128), float("nan"), dtype=dtype)
-    wide[:, ::2] = q
-    q = wide[:, ::2]  # strided heads: a view, as a caller's slice
-    weights = torch.randn(num_rows, num_heads, generator=torch.Generator().manual_seed(24))
-    codes, folded = prepare_queries(q.to(device), weights.to(device), heads_pad, product)
-    codes, folded = codes.cpu(), folded.cpu()
-    want_values, want_scales = quantize_index_keys(q, "fp8", "e4m3fn")
-    want_codes = want_values if product == "fp8" else want_values.to(torch.float16)
-    assert codes.dtype == want_codes.dtype and codes.shape == (num_rows, heads_pad, 128)
-    bits = torch.uint8 if product == "fp8" else torch.int16
-    assert torch.equal(codes[:, :num_heads].view(bits), want_codes.view(bits))
-    assert not codes[:, num_heads:].view(bits).any()
-    want_weights = weights.float() * want_scales
-    assert torch.equal(folded[:, :num_heads].view(torch.int32), want_weights.view(torch.int32))
-    assert not folded[:, num_heads:].any()
-    # the awkward paths were taken
-    assert want_scales[0, 0] == want_scales[0, 1] == torch.tensor(1e-4) / 448.0
-    assert (want_values[1, 0].float().abs() == 448).sum() >= 2
-    assert ((want_values[0, 2].float().abs() > 0) & (want_values[0, 2].float().abs() < 2**-6)).any()
-
-
-COMPILE_SCRIPT = r"""
-import json, os, re, subprocess, sys, tempfile
-import triton
-import triton.backends.nvidia as nvidia
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
-from gluon_kernels import indexer_score_hopper as kernel
-from gluon_kernels.indexer_score_hopper_launch import compile_examples
-from gluon_kernels.targets import target_for_arch
-
-report = {}
-for example in compile_examples(target_for_arch("sm90")):
-    compiled = triton.compile(
-        GluonASTSource(fn=example.fn, signature=example.signature,
-                       constexprs=example.constexprs),
-        target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": example.num_warps, "maxnreg": kernel.KERNEL_MAX_REGISTERS})
-    tools = os.path.join(os.path.dirname(nvidia.__file__), "bin")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-        cubin.write(compiled.asm["cubin"])
-        cubin.flush()
-        sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", cubin.name],
-                              capture_output=True, text=True, check=True).stdout
-        usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", cubin.name],
-                               capture_output=True, text=True, check=True).stdout
-    report[example.name] = {
-        "hgmma": len(re.findall(r"\bHGMMA\.64x\d+x16\.F32\b", sass)),
-        "qgmma": len(re.findall(r"\bQGMMA\.64x\d+x32\.F32\.E4M3\.E4M3\b", sass)),
-        "f2fp": len(re.findall(r"F2FP\.F16\.E4M3", sass)),
-        "tma_load": len(re.findall(r"UTMALDG", sass)),
-        "setmaxreg": len(re.findall(r"USETMAXREG", sass)),
-        "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
-        "shared": compiled.metadata.shared, "triton": triton.__version__}
-print(json.dumps(report))
-"""
-
-
-def test_gluon_hopper_indexer_compiles_for_sm90_offline():
-    """Every compile example builds for sm_90 with no GPU: wgmma of the product's type (fp16
-    products of codes converted in registers: F2FP; fp8 from shared memory), TMA loads,
-    setmaxnreg, shared memory within a CTA's. Stack: none in the exact kernel of 1 and 4 rows
-    (triton 3.6 and 3.9); 8 rows and the fp8 ones keep <= 56 B, used outside the tile loops
-    (the module docstring)."""
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    try:
-        done = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], capture_output=True,
-                              text=True, env=env, cwd=REPO, timeout=600)
-    except subprocess.TimeoutExpired:
-        pytest.skip("the offline sm_90 compile took over 600 s")
-    if done.returncode != 0 and "cuobjdump" in done.stderr and "No such file" in done.stderr:
-        pytest.skip("this triton wheel has no cuobjdump to read the SASS")
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    for name, compiled in report.items():
-        assert compiled["tma_load"] >= 2 and compiled["setmaxreg"] > 0, (name, compiled)
-        assert compiled["shared"] <= 227 * 1024, (name, compiled)
-        if "fp16" in name:
-            assert compiled["hgmma"] >= 16 and compiled["f2fp"] >= 64, (name, compiled)
-        else:
-            assert compiled["qgmma"] >= 8, (name, compiled)
-        if "fp16 rows1" in name or "fp16 rows4" in name:
-            assert compiled["stack"] == 0, (name, compiled)
-        else:  # the spills are outside the tile loops (module docstring)
-            assert compiled["stack"] <= 64, (name, compiled)
-
-
 # ---- GPU ---------------------------------------------------------------------------------
 
 MIXED_LENGTHS = [1, 70, 300, 129]
@@ -354,53 +174,44 @@ MIXED_ROWS = [(2, 299), (1, 33), (0, 0), (1, 69), (2, 0), (1, 35), (2, 64), (3, 
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("block_size", [64, 128], ids=lambda b: f"bs{b}")
-def test_exact_mixed_rows(block_size):
-    got, want, _ = run_both(MIXED_LENGTHS, MIXED_ROWS, block_size)
+@pytest.mark.parametrize("product", ["fp16", "fp16_ss"])
+def test_exact_mixed_rows(block_size, product):
+    got, want, _ = run_both(MIXED_LENGTHS, MIXED_ROWS, block_size, product=product)
     assert_scores_close("scores", got, want)
 
 
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("rows_per_request", [1, 4, 8], ids=lambda r: f"rows{r}")
-def test_exact_verification_rows_in_any_order(rows_per_request):
+@pytest.mark.parametrize("product", ["fp16", "fp16_ss"])
+def test_exact_verification_rows_in_any_order(rows_per_request, product):
     lengths = [257, 1, 1000, 64, 65]
     rows = verification_rows(lengths, rows_per_request, seed=rows_per_request)
-    got, want, _ = run_both(lengths, rows, 128, seed=rows_per_request)
+    got, want, _ = run_both(lengths, rows, 128, seed=rows_per_request, product=product)
     assert_scores_close("scores", got, want)
 
 
 @pytest.mark.gpu
 @hopper
-def test_exact_engine_cache_view_and_wider_num_positions():
+@pytest.mark.parametrize("product", ["fp16", "fp16_ss"])
+def test_exact_engine_cache_view_and_wider_num_positions(product):
     lengths = [300, 129, 2]
     rows = verification_rows(lengths, 4, seed=11)
-    got, want, _ = run_both(lengths, rows, 128, seed=11, engine_view=True, num_positions=310)
+    got, want, _ = run_both(lengths, rows, 128, seed=11, engine_view=True, num_positions=310,
+                            product=product)
     assert torch.isinf(got[:, 300:]).all()
     assert_scores_close("scores", got[:, :300], want)
 
 
 @pytest.mark.gpu
 @hopper
-def test_exact_many_row_tiles_share_the_sms():
+@pytest.mark.parametrize("product", ["fp16", "fp16_ss"])
+def test_exact_many_row_tiles_share_the_sms(product):
     # More (row tile, key tile) pairs than SMs: ranges cross row tiles (segments).
     lengths = [4000 + 37 * r for r in range(12)]
     rows = verification_rows(lengths, 4, seed=13)
-    got, want, _ = run_both(lengths, rows, 128, seed=13)
+    got, want, _ = run_both(lengths, rows, 128, seed=13, product=product)
     assert_scores_close("scores", got, want)
-
-
-def test_default_kernel_off_hopper_and_when_tuned_is_triton():
-    """The launcher's default: Triton for CPU tensors (even inside replayed launches) and
-    whenever a Triton configuration is asked for; no Gluon import needed to decide."""
-    from atomk31.triton_kernels.indexer_score import default_kernel
-    from atomk31.triton_kernels.runtime import replayed_launches
-
-    q = torch.zeros(4, NUM_HEADS, 128)
-    values = torch.zeros(2, 64, 128, dtype=torch.float8_e4m3fn)
-    scales = torch.zeros(2, 64)
-    with replayed_launches():
-        assert default_kernel(q, values, scales, "fp8", 64) == "triton"
-    assert default_kernel(q, values, scales, "fp8", 64, tuned=True) == "triton"
 
 
 @pytest.mark.gpu
@@ -431,14 +242,15 @@ def test_default_kernel_is_gluon_for_replayed_fp8_launches():
 
 @pytest.mark.gpu
 @hopper
-def test_through_the_triton_launcher():
+@pytest.mark.parametrize("kernel", ["gluon_hopper", "gluon_hopper_ss"])
+def test_through_the_triton_launcher(kernel):
     from atomk31.triton_kernels.indexer_score import indexer_score_triton
 
     block_table, values, scales, gpu_values, gpu_scales = build_cache([90, 7], 64, seed=17)
     row_request, row_position, q, weights = make_rows([(0, 89), (1, 6), (0, 88)], seed=18)
     got = indexer_score_triton(q.cuda(), weights.cuda(), gpu_values, gpu_scales, "fp8",
                                "e4m3fn", block_table.cuda(), row_request.cuda(),
-                               row_position.cuda(), 64, kernel="gluon_hopper")
+                               row_position.cuda(), 64, kernel=kernel)
     want = indexer_score_torch(q, weights, values, scales, "fp8", "e4m3fn", block_table,
                                row_request, row_position, 64)
     assert_scores_close("scores", got.cpu(), want)
