@@ -24,6 +24,7 @@ sparse kernel reaches ~42% at 64 rows.
 import torch
 import triton
 
+from atomk31.triton_kernels.dense_mla import GROUPABLE_ROWS  # rows a CTA, largest first
 from gluon_kernels.sparse_mla_hopper import (
     BLOCK_H,
     VALUE_DIM,
@@ -31,8 +32,6 @@ from gluon_kernels.sparse_mla_hopper import (
     split_outputs,
     why_not_hopper,
 )
-
-GROUPABLE_ROWS = (4, 2)  # rows of one request per CTA tried, largest first
 
 
 def rows_per_group(num_rows: int, rows_per_request: int | None) -> int:

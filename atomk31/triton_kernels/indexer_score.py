@@ -47,7 +47,6 @@ from atomk31.triton_kernels.indexer_score_config import (
     fp8_dot_config,
 )
 from atomk31.triton_kernels.indexer_score_keys import key_words, split_columns_in_4
-from atomk31.triton_kernels.runtime import launches_are_replayed
 from atomk31.triton_kernels.indexer_score_tile import score_key_tile
 from atomk31.triton_kernels.kv_write import (
     FP8_INDEX_AMAX_FLOOR,
@@ -55,6 +54,7 @@ from atomk31.triton_kernels.kv_write import (
     fp8_group_quantize,
     mxfp4_group_quantize,
 )
+from atomk31.triton_kernels.runtime import launches_are_replayed
 
 INDEX_DIM = 128
 # The product's operand type per config.dot (the fp8 dots keep the keys' fp8 type).

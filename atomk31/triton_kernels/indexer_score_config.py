@@ -85,7 +85,7 @@ FP8_OPT_IN_CONFIG = IndexerScoreConfig(dot="fp8_acc32", block_n=64, num_warps=8,
 # The launcher's `kernel` names: "triton" (this file's configurations), or the Gluon Hopper
 # kernel (gluon_kernels/indexer_score_hopper.py, FP8 e4m3fn keys on sm_90) with its product:
 # "fp16" exact, "fp16_ss" exact (the keys converted to FP16 in shared memory by a converter
-# warpgroup, products pipelined; not the default until the H200 says so), "fp8_acc32" / "fp8"
+# warpgroup, products pipelined; measured slower than "fp16" on the H200), "fp8_acc32" / "fp8"
 # opt-in (outside the op's tolerance, as FP8_OPT_IN_CONFIG).
 # None: indexer_score.default_kernel ("gluon_hopper" for graph-replayed launches on Hopper).
 GLUON_HOPPER_PRODUCTS = {"gluon_hopper": "fp16", "gluon_hopper_ss": "fp16_ss",
