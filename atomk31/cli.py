@@ -50,7 +50,8 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     make = sub.add_parser("make-checkpoint", help="write a random checkpoint of a preset")
-    _add_flag(make, "preset", choices=["tiny", "proxy", "proxy-mini"], default="tiny")
+    _add_flag(make, "preset", choices=["tiny", "proxy", "proxy-mini", "tiny-dspark"],
+              default="tiny", help="tiny-dspark: the DSpark draft of tiny (MODEL_SPEC §5.8)")
     _add_flag(make, "seed", type=int, default=0)
     _add_flag(make, "out", type=Path, required=True, help="output directory")
     _add_flag(make, "max_shard_bytes", type=int, default=2 << 30)

@@ -26,21 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from atomk31.config_checks import (
-    IGNORED_TEXT_KEYS, LINEAR_ATTN_FIELDS, TEXT_FIELDS, check_fields, check_semantics,
+from atomk31.config_checks import (  # noqa: F401 (ConfigError: part of this module's API)
+    IGNORED_TEXT_KEYS, ConfigError, LINEAR_ATTN_FIELDS, TEXT_FIELDS, check_fields, check_semantics,
     split_text_config,
 )
 
 logger = logging.getLogger(__name__)
-
-
-class ConfigError(ValueError):
-    """A config.json (or engine option) that atomk31 cannot run; lists every problem found."""
-
-    def __init__(self, problems: list[str], source: str = "config.json"):
-        self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"{source} has {len(problems)} problem(s):\n{lines}")
 
 
 @dataclass(frozen=True)
@@ -235,6 +226,9 @@ class EngineConfig:
     # PTPC-FP8 online quantization of BF16 linears at load (§6.5), ATOM's JSON shape:
     # {"global_quant_config": "ptpc_fp8", "exclude_layer": [...]}; None = weights as stored
     online_quant_config: dict | None = None
+    # DSpark speculative decoding (speculative_config.py): {"model": DIR | "builtin",
+    # "num_speculative_tokens": N, "method": "dspark", "draft_sample_method": ...}; None = off
+    speculative_config: dict | None = None
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -272,6 +266,10 @@ class EngineConfig:
                 parse_online_quant_config(self.online_quant_config)
             except ValueError as e:
                 problems.append(f"online_quant_config: {e}")
+        if self.speculative_config is not None:
+            from atomk31.speculative_config import speculative_option_problems
+
+            problems.extend(speculative_option_problems(self.speculative_config))
         if problems:
             raise ConfigError(problems, source="engine options")
 
@@ -297,7 +295,14 @@ class EngineConfig:
         if max_len > limit:
             raise ConfigError([f"max_model_len {max_len} exceeds the model's "
                                f"max_position_embeddings {limit}"], source="engine options")
-        return ResolvedEngineConfig(self, device, compute, latent, index, fp8_variant, max_len)
+        speculative = None
+        if self.speculative_config is not None:
+            from atomk31.speculative_config import resolve_speculative_config
+
+            speculative = resolve_speculative_config(self.speculative_config, model_config,
+                                                     max_len)
+        return ResolvedEngineConfig(self, device, compute, latent, index, fp8_variant, max_len,
+                                    speculative)
 
 
 @dataclass(frozen=True)
@@ -311,3 +316,4 @@ class ResolvedEngineConfig:
     index_cache_format: str
     fp8_variant: str
     max_model_len: int
+    speculative: "SpeculativeConfig | None" = None   # speculative_config.py

@@ -79,6 +79,15 @@ _INDEXER_FIELDS = ("index_n_heads", "index_head_dim", "index_topk")
 _INDEXER_ROPE_KEY = re.compile(r"^index.*rope.*$")
 
 
+class ConfigError(ValueError):
+    """A config.json (or engine option) that atomk31 cannot run; lists every problem found."""
+
+    def __init__(self, problems: list[str], source: str = "config.json"):
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{source} has {len(problems)} problem(s):\n{lines}")
+
+
 def split_text_config(data: Any, problems: list[str]) -> dict:
     """Root + text_config, or a flat text config; quantization_config from either level."""
     if not isinstance(data, dict):

@@ -81,6 +81,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     _add_flag(parser, "kda_snapshot_interval", "KDA prefix-cache snapshots every this many "
               "tokens (a multiple of --block-size; 0: only at prompt ends)", value_type=int,
               default=DEFAULTS.kda_snapshot_interval)
+    _add_flag(parser, "speculative_config", "DSpark speculative decoding: JSON {\"model\": "
+              "DRAFT_DIR or \"builtin\", \"num_speculative_tokens\": 5, \"method\": \"dspark\", "
+              "\"draft_sample_method\": \"probabilistic\" or \"greedy\"}, inline or a path to a "
+              ".json file", default=None)
     parser.add_argument("--enable-prefix-caching", "--enable_prefix_caching",
                         dest="enable_prefix_caching", action="store_true",
                         default=DEFAULTS.enable_prefix_caching,
@@ -106,7 +110,8 @@ def engine_config_from_args(args: argparse.Namespace, model: str) -> EngineConfi
         kv_cache_memory=args.kv_cache_memory, max_num_waiting=args.max_num_waiting,
         kda_snapshot_interval=args.kda_snapshot_interval,
         enforce_eager=args.enforce_eager,
-        online_quant_config=_json_object(args.online_quant_config, "--online-quant-config"))
+        online_quant_config=_json_object(args.online_quant_config, "--online-quant-config"),
+        speculative_config=_json_object(args.speculative_config, "--speculative-config"))
 
 
 def _json_object(value: str | None, flag: str) -> dict | None:

@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from atomk31.checkpoint.dspark_writer import DRAFT_PRESETS, make_draft_checkpoint
 from atomk31.checkpoint.presets import preset_config
 from atomk31.checkpoint.random_init import PlannedParameter, draw, plan_parameters
 from atomk31.checkpoint.shards import INDEX_FILE, SINGLE_FILE
@@ -40,13 +41,16 @@ PROGRESS_MIN_BYTES = 256 << 20
 def make_checkpoint(preset: str, seed: int, out: str | os.PathLike,
                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
                     progress: bool = True, device: str | torch.device = "cpu") -> Path:
-    """Write the named preset (presets.py: "tiny", "proxy", "proxy-mini") with random weights.
+    """Write the named preset (presets.py: "tiny", "proxy", "proxy-mini"; dspark_writer.py:
+    the draft "tiny-dspark") with random weights.
 
     Returns the output directory. Existing weight files of an earlier checkpoint in `out`
     (`model.safetensors`, `model-*-of-*.safetensors`, the index) are replaced. ``device``:
     where the weights are drawn ("cuda" draws a real-width checkpoint in seconds; a seed then
     gives other values than on the CPU).
     """
+    if preset in DRAFT_PRESETS:
+        return make_draft_checkpoint(preset, seed, out, device=device)
     return write_random_checkpoint(preset_config(preset), seed, out,
                                    max_shard_bytes=max_shard_bytes, progress=progress,
                                    device=device)

@@ -17,6 +17,8 @@ class LLM:
 
     Arguments are EngineConfig's (see its docstring): `model` is a checkpoint directory;
     `dtype="auto"` means float32 compute and cache on CPU, BF16 compute and an FP8 cache on GPU.
+    `speculative_config`: DSpark speculative decoding, e.g. `{"model": DRAFT_DIR,
+    "num_speculative_tokens": 5}` (atomk31/speculative_config.py).
     """
 
     def __init__(self, model: str | os.PathLike, *, block_size: int = 128,
@@ -28,7 +30,7 @@ class LLM:
                  kv_cache_memory: int | None = None, snapshot_fraction: float = 0.1,
                  kda_snapshot_interval: int = 2048,
                  online_quant_config: dict | None = None, seed: int = 0,
-                 enforce_eager: bool = False):
+                 enforce_eager: bool = False, speculative_config: dict | None = None):
         options = EngineConfig(
             model=str(model), block_size=block_size, kernel_backend=kernel_backend, dtype=dtype,
             max_model_len=max_model_len, max_num_seqs=max_num_seqs,
@@ -38,7 +40,7 @@ class LLM:
             gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory=kv_cache_memory,
             snapshot_fraction=snapshot_fraction, kda_snapshot_interval=kda_snapshot_interval,
             online_quant_config=online_quant_config,
-            seed=seed, enforce_eager=enforce_eager)
+            seed=seed, enforce_eager=enforce_eager, speculative_config=speculative_config)
         self.engine = LLMEngine(options)
 
     @property
