@@ -22,11 +22,14 @@ from atomk31.cache import (
 from atomk31.checkpoint import Tokenizer, load_checkpoint
 from atomk31.config import EngineConfig, ModelConfig, ResolvedEngineConfig
 from atomk31.engine.cuda_graphs import GRAPH_BATCH_SIZES, DecodeGraphs, why_no_decode_graphs
+from atomk31.engine.dspark_proposer import DSparkProposer
 from atomk31.engine.model_runner import ModelRunner
 from atomk31.engine.outputs import RequestMetrics, RequestOutput
 from atomk31.engine.sampling_params import SamplingParams
 from atomk31.engine.scheduler import Scheduler
 from atomk31.engine.sequence import Sequence, SequenceStatus
+from atomk31.engine.spec_stats import SpeculationStats
+from atomk31.engine.speculative import DraftPolicy, SpeculativeRunner, StepTokens, load_draft
 from atomk31.engine.stop_checker import StopChecker
 from atomk31.model import K31Model
 from atomk31.ops import KernelContext, Target, select_kernels
@@ -78,15 +81,22 @@ class LLMEngine:
         self.model = K31Model(self.model_config, tensors, self.config.compute_dtype, device,
                               self.config.index_cache_format, self.config.fp8_variant)
         self.stop_checker = StopChecker(self.tokenizer, self._eos_token_ids(options.model))
+        self.speculative: SpeculativeRunner | None = None
+        self.draft = None
+        if self.config.speculative is not None:
+            self.draft = load_draft(self.config.speculative, self.model, self.config.compute_dtype,
+                                    device)
         self._build_cache(options)
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
 
     # -- start-up -----------------------------------------------------------------------
     def _build_cache(self, options: EngineConfig) -> None:
-        mc, rc = self.model_config, self.config
+        mc, rc, spec = self.model_config, self.config, self.config.speculative
+        num_mla = len(mc.mla_layer_ids)
         layout = PackedLayout(CacheLayoutSpec(
-            block_size=options.block_size, num_mla_layers=len(mc.mla_layer_ids),
+            block_size=options.block_size, num_mla_layers=num_mla,
+            num_draft_layers=spec.draft.num_hidden_layers if spec else 0,
             latent_dim=mc.latent_dim, latent_dtype=rc.latent_cache_dtype,
             index_format=rc.index_cache_format if mc.has_indexer else None,
             fp8_variant=rc.fp8_variant))
@@ -98,17 +108,19 @@ class LLMEngine:
             conv_dtype=rc.compute_dtype)
         # CUDA-graph decode (engine/cuda_graphs.py) needs a scratch block and two KDA state
         # slots (padding rows; the first replay's check), outside the pools, paid from the budget
-        self.why_eager = why_no_decode_graphs(self.kernels, options.enforce_eager,
-                                              self.model.ops_called)
+        ops_called = self.model.ops_called | (set(self.draft.OPS) if self.draft else set())
+        self.why_eager = why_no_decode_graphs(self.kernels, options.enforce_eager, ops_called)
         graphs = self.why_eager is None
         scratch_bytes = layout.row_bytes + 2 * state_spec.bytes_per_slot() if graphs else 0
+        slots_per_request = 1 + (spec.num_speculative_tokens if spec else 0)   # §5.7
         plan = plan_cache(self._cache_budget(options) - scratch_bytes, layout, state_spec,
-                          options.max_num_seqs, rc.max_model_len, options.snapshot_fraction)
+                          options.max_num_seqs, rc.max_model_len, options.snapshot_fraction,
+                          slots_per_request)
         logger.info("cache: %d blocks of %d tokens, %d state slots, %d snapshot slots",
                     plan.num_blocks, options.block_size, plan.num_state_slots,
                     plan.num_snapshot_slots)
         self.kv_pool = layout.allocate(plan.num_blocks + int(graphs), self.device)
-        kv_views = [layout.layer_view(self.kv_pool, i) for i in range(len(mc.mla_layer_ids))]
+        kv_views = [layout.layer_view(self.kv_pool, i) for i in range(num_mla)]
         self.state_pool = KDAStatePool(state_spec, plan.num_state_slots + plan.num_snapshot_slots,
                                        self.device, num_scratch_slots=2 * int(graphs))
         self.block_pool = BlockPool(plan.num_blocks, options.block_size,
@@ -117,10 +129,21 @@ class LLMEngine:
                                        if options.enable_prefix_caching else 0)
         self.scheduler = Scheduler(self.block_pool, self.state_pool, self.snapshots,
                                    options.max_num_seqs, options.max_num_batched_tokens,
-                                   options.kda_snapshot_interval // options.block_size)
+                                   options.kda_snapshot_interval // options.block_size,
+                                   DraftPolicy(spec.num_speculative_tokens, rc.max_model_len)
+                                   if spec else None, slots_per_request - 1)
         self.runner = ModelRunner(self.model, self.kernels, kv_views, self.state_pool,
                                   options.block_size, self.device,
                                   self.stop_checker.suppressed_token_ids)
+        if spec:
+            draft_views = [layout.layer_view(self.kv_pool, num_mla + i)
+                           for i in range(spec.draft.num_hidden_layers)]
+            self.speculative = SpeculativeRunner(
+                self.runner, DSparkProposer(self.draft, draft_views, options.block_size,
+                                            spec.draft_sample_method, self.device),
+                spec.draft.target_layer_ids, spec.num_speculative_tokens, self.state_pool,
+                self.scheduler.reserve_snapshots, options.seed)
+            graphs = False   # the decode graphs write no context rows (speculative graphs: TODO)
         if graphs:
             self.runner.graphs = DecodeGraphs(
                 self.runner.forward, self.kernels, options.block_size,
@@ -195,22 +218,40 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def speculation_stats(self) -> SpeculationStats | None:
+        """A copy of the speculative decoding counters (spec_stats.py); None without a draft."""
+        return self.speculative.stats.copy() if self.speculative is not None else None
+
     # -- the loop -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One engine step; -> the outputs of every request that got a new token."""
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return []
-        sampled = self.runner.run(scheduled)
-        self.scheduler.complete(scheduled)
+        if self.speculative is not None:
+            emitted = self.speculative.run(scheduled)
+        else:
+            emitted = [StepTokens(item, [token], [logprobs])
+                       for item, token, logprobs in self.runner.run(scheduled)]
         touched: dict[str, _Request] = {}
-        for item, token, logprobs in sampled:
-            seq = item.seq
-            seq.append_token(token, logprobs)
-            self.stop_checker.check(seq, self.config.max_model_len)
-            if seq.is_finished:
-                self.scheduler.finish(seq)
+        finished: list[Sequence] = []
+        for step in emitted:
+            seq = step.item.seq
+            num_appended = 0
+            for token, logprobs in zip(step.tokens, step.logprobs):
+                seq.append_token(token, logprobs)
+                num_appended += 1
+                self.stop_checker.check(seq, self.config.max_model_len)
+                if seq.is_finished:
+                    finished.append(seq)
+                    break
+            if step.num_accepted is not None:
+                self.speculative.settle(step, num_appended)
             touched[seq.request_id] = self.requests[seq.request_id]
+        # after the tokens are appended: blocks that accepted drafts filled get their hashes
+        self.scheduler.complete(scheduled)
+        for seq in finished:
+            self.scheduler.finish(seq)
         outputs = [self._output(request) for request in touched.values()]
         for out in outputs:
             if out.finished:

@@ -61,7 +61,12 @@ class ModelRunner:
         return [(item, token_list[i], logprobs[i] if logprobs is not None else None)
                 for i, item in enumerate(sampling)]
 
-    def prepare(self, scheduled: list[ScheduledSequence]) -> ForwardBatch:
+    def prepare(self, scheduled: list[ScheduledSequence], drafts: list[list[int]] | None = None,
+                row_states: list[tuple[int, int, int]] = ()) -> ForwardBatch:
+        """The step's batch. Speculative steps (engine/speculative.py) pass `drafts`: per item,
+        tokens that follow its own (a verify pass, whose every row's logits are wanted), and
+        `row_states`: (r, m, slot) rows, the KDA state of request r after its first m rows
+        kept in `slot` (after each verify row, §5.7)."""
         ids: list[int] = []
         positions: list[int] = []
         token_request: list[int] = []
@@ -74,15 +79,25 @@ class ModelRunner:
             seq, n = item.seq, item.num_new_tokens
             start = seq.num_computed_tokens
             tokens = seq.all_token_ids
-            ids.extend(tokens[start:start + n])
+            extra = drafts[r] if drafts is not None else []
+            ids.extend(tokens[start:start + n] + extra)
+            n += len(extra)
             positions.extend(range(start, start + n))
             token_request.extend([r] * n)
             table = seq.block_table
             slot_mapping.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             cu_seqlens.append(cu_seqlens[-1] + n)
-            if item.is_last_chunk:
+            if extra:
+                logits_indices.extend(range(cu_seqlens[-1] - n, cu_seqlens[-1]))
+            elif item.is_last_chunk:
                 logits_indices.append(cu_seqlens[-1] - 1)
             snapshots.extend((r, m, slot) for m, slot, _ in item.snapshots)
+        snapshots.extend(row_states)
+        counts = [b - a for a, b in zip(cu_seqlens, cu_seqlens[1:])]
+        # every request verifies the same number of rows and keeps the state after each: the
+        # KDA layers may then run kda_verify (model/kda_layer.py)
+        is_verify = (drafts is not None and all(drafts) and len(set(counts)) == 1
+                     and not any(item.snapshots for item in scheduled))
         max_blocks = max(len(item.seq.block_table) for item in scheduled)
         tables = [b for item in scheduled
                   for b in item.seq.block_table + [-1] * (max_blocks - len(item.seq.block_table))]
@@ -109,8 +124,9 @@ class ModelRunner:
             snapshots=t["snapshots"].view(-1, 3),
             block_size=bs,
             max_position=max(positions),
-            is_decode_only=all(item.num_new_tokens == 1 for item in scheduled),
-            rows_per_request=math.gcd(*(item.num_new_tokens for item in scheduled)),
+            is_decode_only=all(n == 1 for n in counts),
+            rows_per_request=math.gcd(*counts),
+            verify_rows=counts[0] if is_verify else 0,
         )
 
 

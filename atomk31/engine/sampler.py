@@ -14,8 +14,8 @@ as vLLM does): it needs no sort or cumulative sum and no host sync. The noise is
 vocabulary order from the row's own generator when the request is seeded, so a seeded row's
 tokens do not depend on the batch it is in; unseeded rows share the global RNG.
 
-`filtered_logits` is public so speculative decoding can build the same processed
-distribution (MODEL_SPEC §5.5 `pick`, §5.6 verification).
+`filtered_logits` and `token_logprobs` are public so speculative decoding can build the same
+processed distribution (MODEL_SPEC §5.5 `pick`, §5.6 verification) and the same logprobs.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class Sampler:
             sampled_generators = [generators[i] for i in sampled_rows]
             rows = torch.tensor(sampled_rows, device=logits.device)
             token_ids[rows] = _sample(processed[rows], sampled, sampled_generators)
-        return token_ids, _logprobs(logits, token_ids, params)
+        return token_ids, token_logprobs(logits, token_ids, params)
 
     @staticmethod
     def _check_inputs(
@@ -166,10 +166,11 @@ def _sample(
     return (probs / noise).argmax(dim=-1)
 
 
-def _logprobs(
+def token_logprobs(
     logits: torch.Tensor, token_ids: torch.Tensor, params: list[SamplingParams]
 ) -> list[TokenLogprobs | None]:
-    """Per row: the chosen token's and the top-n logprobs of log_softmax(logits), or None."""
+    """Per row: the chosen token's and the top-n logprobs of log_softmax(logits), or None
+    (also for the rows of a speculative verify pass, engine/speculative.py)."""
     rows = [i for i, p in enumerate(params) if p.logprobs is not None]
     result: list[TokenLogprobs | None] = [None] * len(params)
     if not rows:

@@ -20,12 +20,21 @@ repeat of the prompt, hits) and every `snapshot_interval_blocks` blocks (shared 
 as system prompts, and long generations). Not at every block: one K3.1 state is 449 MB, so
 snapshots at every 128 tokens would fill the snapshot budget with states no hit will use and
 copy 449 MB per block of prefill.
+
+Speculative decoding. A decoding sequence may also verify draft tokens in its step
+(`num_draft_tokens`, as many as `num_drafts` grants): its 1 + drafts rows count against the
+token budget and get blocks like any token (a draft takes only free blocks, it never preempts).
+Once the step's verification is known, the runner sets `num_new_tokens` to the rows kept (the
+accepted ones) before `complete`; the snapshots of a verify step are reserved then
+(`reserve_snapshots`), for the accepted rows only. Each sequence holds
+`num_extra_state_slots` KDA state slots beside its own, from admission to release.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from atomk31.cache import BlockPool, KDAStatePool, SnapshotIndex, hash_block, usable_prefix
@@ -41,6 +50,9 @@ class ScheduledSequence:
     # (m, snapshot slot, block hash): after its first m new tokens of this step the sequence
     # crosses the end of the block named by `block hash`; its KDA state there goes to the slot
     snapshots: list[tuple[int, int, int]] = field(default_factory=list)
+    # speculative decoding: draft tokens verified after the new token (rows 1 + this); once
+    # verified, num_new_tokens becomes the rows whose cache and state are kept
+    num_draft_tokens: int = 0
 
     @property
     def is_last_chunk(self) -> bool:
@@ -51,8 +63,15 @@ class ScheduledSequence:
 class Scheduler:
     def __init__(self, block_pool: BlockPool, state_pool: KDAStatePool,
                  snapshots: SnapshotIndex, max_num_seqs: int, max_num_batched_tokens: int,
-                 snapshot_interval_blocks: int = 1):
+                 snapshot_interval_blocks: int = 1,
+                 num_drafts: Callable[[Sequence, int], int] | None = None,
+                 num_extra_state_slots: int = 0):
         self.block_pool = block_pool
+        # speculative decoding (engine/speculative.py): drafts for a decoding sequence given
+        # the step's budget left after its own token, and the state slots each sequence holds
+        # beyond its own for the verify pass; the draft rows count against the token budget
+        self.num_drafts = num_drafts
+        self.num_extra_state_slots = num_extra_state_slots
         self.snapshot_interval_blocks = snapshot_interval_blocks   # 0: prompt ends only
         self.state_pool = state_pool
         self.snapshots = snapshots
@@ -90,10 +109,11 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue   # preempted by an earlier sequence of this loop
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if not self._grow_or_preempt(seq, n):
+            drafts = self._drafts(seq, n, budget)
+            if not self._grow_or_preempt(seq, n + drafts):
                 continue
-            scheduled.append(self._plan(seq, n))
-            budget -= n
+            scheduled.append(self._plan(seq, n, drafts))
+            budget -= n + drafts
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if not self._admit(seq):
@@ -109,12 +129,13 @@ class Scheduler:
         return scheduled
 
     def complete(self, scheduled: list[ScheduledSequence]) -> None:
-        """After the model ran the step: advance computed counts, publish full blocks."""
+        """After the model ran the step (and the step's tokens were appended): advance computed
+        counts, publish full blocks."""
         for item in scheduled:
             seq = item.seq
             before = seq.num_computed_tokens
             seq.num_computed_tokens = before + item.num_new_tokens
-            hashes = self._hashes[seq]
+            hashes = self._hash_blocks(seq)
             for b in range(before // self.block_size, seq.num_computed_tokens // self.block_size):
                 self.block_pool.register_full(seq.block_table[b], hashes[b])
             for _, _, block_hash in item.snapshots:
@@ -123,9 +144,11 @@ class Scheduler:
     # -- internals ----------------------------------------------------------------------
     def _admit(self, seq: Sequence) -> bool:
         """Give a waiting sequence a state slot and its cached prefix; False if none is free."""
-        if self.state_pool.num_free_slots == 0:
+        if self.state_pool.num_free_slots < 1 + self.num_extra_state_slots:
             return False
         seq.state_slot = self.state_pool.allocate()
+        seq.extra_state_slots = [self.state_pool.allocate()
+                                 for _ in range(self.num_extra_state_slots)]
         seq.status = SequenceStatus.RUNNING
         tokens = seq.all_token_ids
         hashes = self._hash_blocks(seq)
@@ -176,6 +199,9 @@ class Scheduler:
         if seq.state_slot is not None:
             self.state_pool.free(seq.state_slot)
             seq.state_slot = None
+        for slot in seq.extra_state_slots:
+            self.state_pool.free(slot)
+        seq.extra_state_slots = []
 
     def _hash_blocks(self, seq: Sequence) -> list[int]:
         """Chained hashes of the sequence's full blocks, extended incrementally."""
@@ -185,17 +211,37 @@ class Scheduler:
             hashes.append(hash_block(hashes[-1] if hashes else None, tokens[b * bs:(b + 1) * bs]))
         return hashes
 
-    def _plan(self, seq: Sequence, n: int) -> ScheduledSequence:
+    def _drafts(self, seq: Sequence, n: int, budget: int) -> int:
+        """Draft tokens for a running sequence's step of `n` tokens: only a decode (its one
+        uncomputed token) drafts, and only while blocks for the draft rows are free (a draft
+        never preempts another sequence)."""
+        if self.num_drafts is None or n != 1 or seq.num_tokens - seq.num_computed_tokens != 1:
+            return 0
+        drafts = self.num_drafts(seq, budget - 1)
+        needed = -(-(seq.num_computed_tokens + 1 + drafts) // self.block_size)
+        if drafts and not self.block_pool.can_allocate(needed - len(seq.block_table)):
+            return 0
+        return drafts
+
+    def _plan(self, seq: Sequence, n: int, drafts: int = 0) -> ScheduledSequence:
         """The step's work for `seq`, with a KDA snapshot at each block boundary it crosses
-        that is worth one (module docstring)."""
-        item = ScheduledSequence(seq, n)
-        start, bs = seq.num_computed_tokens, self.block_size
-        hashes = self._hash_blocks(seq)
+        that is worth one (module docstring). A verify step's snapshots are taken once its
+        accepted length is known (`reserve_snapshots`)."""
+        item = ScheduledSequence(seq, n, num_draft_tokens=drafts)
+        if not drafts:
+            item.snapshots = self.reserve_snapshots(seq, seq.num_computed_tokens, n)
+        return item
+
+    def reserve_snapshots(self, seq: Sequence, start: int, n: int) -> list[tuple[int, int, int]]:
+        """(m, slot, block hash) for each block boundary that `seq`'s tokens start..start+n-1
+        cross and that is worth a KDA snapshot (module docstring), a slot reserved for each."""
+        snapshots = []
+        bs, hashes = self.block_size, self._hash_blocks(seq)
         prompt_end, every = seq.num_prompt_tokens // bs, self.snapshot_interval_blocks
         for boundary in range(start // bs + 1, (start + n) // bs + 1):
             if boundary != prompt_end and not (every and boundary % every == 0):
                 continue
             slot = self.snapshots.reserve(hashes[boundary - 1])
             if slot is not None:
-                item.snapshots.append((boundary * bs - start, slot, hashes[boundary - 1]))
-        return item
+                snapshots.append((boundary * bs - start, slot, hashes[boundary - 1]))
+        return snapshots

@@ -77,6 +77,9 @@ class Sequence:
 
         self.block_table: list[int] = []
         self.state_slot: int | None = None
+        # speculative decoding: the other KDA state slots the sequence holds, where a verify
+        # pass keeps the state after each of its rows (engine/speculative.py)
+        self.extra_state_slots: list[int] = []
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
 

@@ -34,6 +34,9 @@ class ForwardBatch:
     # this per request, so attention may give that many rows of one request to one program
     # (4 verification rows share their keys); 1 when nothing is known
     rows_per_request: int = 1
+    # speculative verification (host side): every request has this many rows and `snapshots`
+    # holds the state after each of them, request by request, row by row (§5.7); 0 otherwise
+    verify_rows: int = 0
 
     @property
     def num_requests(self) -> int:

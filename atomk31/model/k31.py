@@ -99,6 +99,21 @@ class K31Model:
     def forward(self, batch: ForwardBatch, kv_caches: list[MLACacheView],
                 kda_conv: torch.Tensor, kda_state: torch.Tensor, ops: OpTable) -> torch.Tensor:
         """-> float32 logits [len(batch.logits_indices), vocab]."""
+        return self._forward(batch, kv_caches, kda_conv, kda_state, ops, ())[0]
+
+    @torch.inference_mode()
+    def forward_with_taps(self, batch: ForwardBatch, kv_caches: list[MLACacheView],
+                          kda_conv: torch.Tensor, kda_state: torch.Tensor, ops: OpTable,
+                          tap_layer_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (logits as `forward`, the AttnRes prefix after each layer of `tap_layer_ids` for
+        every token, concatenated in that order [T, len(tap_layer_ids) * D]): the hidden states
+        a DSpark draft reads (§4.3, §5.4)."""
+        return self._forward(batch, kv_caches, kda_conv, kda_state, ops, tap_layer_ids)
+
+    def _forward(self, batch: ForwardBatch, kv_caches: list[MLACacheView],
+                 kda_conv: torch.Tensor, kda_state: torch.Tensor, ops: OpTable,
+                 tap_layer_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        taps: dict[int, torch.Tensor] = {}
         prefix = self.embed[batch.input_ids]
         blocks: list[torch.Tensor] = []
         for layer in self.layers:
@@ -113,9 +128,12 @@ class K31Model:
             prefix = a if prefix is None else _add(prefix, a)
             x = layer.mlp_site(blocks, prefix, ops)
             prefix = _add(prefix, layer.ffn.forward(x, ops))
+            if layer.layer in tap_layer_ids:
+                taps[layer.layer] = prefix
         rows = batch.logits_indices
         h = self.output_site([b[rows] for b in blocks], prefix[rows], ops)
-        return (h @ self.lm_head.T).float()
+        aux = torch.cat([taps[i] for i in tap_layer_ids], dim=-1) if tap_layer_ids else None
+        return (h @ self.lm_head.T).float(), aux
 
 
 def _add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

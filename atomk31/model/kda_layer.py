@@ -6,7 +6,9 @@ and update the slots of the batch's requests where they lie (`state_slots`): a d
 moves each state byte once. A prefill step gathers the recurrent states of its requests (the
 chunked prefill is compute-bound; the copy is small beside it) and writes them back. The step
 also writes the prefix snapshots the batch asks for (the state after the first m tokens of a
-request in this step) into their own slots.
+request in this step) into their own slots. A speculative verify batch (`verify_rows`: the same
+rows for every request, a state kept after each) runs `kda_verify`, which returns the state
+after every row, and scatters those into the slots the batch names (MODEL_SPEC §5.7).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from atomk31.ops import OpTable
 
 class KDAMixer:
     OPS = ("short_conv_silu", "conv_state_after", "kda_gate", "kda_decode", "kda_prefill",
-           "gated_rms_norm", "ptpc_linear")
+           "kda_verify", "gated_rms_norm", "ptpc_linear")
 
     def __init__(self, config: ModelConfig, weights: WeightSource, prefix: str, kda_index: int):
         a = prefix + "self_attn."
@@ -69,6 +71,14 @@ class KDAMixer:
         if batch.is_decode_only and not snapshots.numel():
             # the pool's rows of this batch updated where they lie
             o = ops.kda_decode(q, k, v, g, beta, state_all, scale, state_slots=slots)
+        elif batch.verify_rows:
+            # speculative verification: the state after every row, each to its own slot (§5.7)
+            n, rows = batch.num_requests, batch.verify_rows
+            o, after_each = ops.kda_verify(*(t.view(n, rows, *t.shape[1:])
+                                             for t in (q, k, v, g, beta)),
+                                           state_all[slots], scale)
+            o = o.reshape(T, H, -1)
+            state_all[snapshots[:, 2]] = after_each.flatten(0, 1)
         else:
             o, state, snap_states = ops.kda_prefill(q, k, v, g, beta, state_all[slots],
                                                     batch.cu_seqlens, scale,
@@ -77,7 +87,8 @@ class KDAMixer:
             state_all[slots] = state
         if snapshots.numel():
             snap_slots = snapshots[:, 2]
-            state_all[snap_slots] = snap_states
+            if not batch.verify_rows:
+                state_all[snap_slots] = snap_states
             conv_all[snap_slots] = conv_snap.to(conv_all.dtype)
         gate = self.g_proj(x, ops).view(T, H, K)
         y = ops.gated_rms_norm(o.to(x.dtype), gate, self.o_norm, self.eps)
