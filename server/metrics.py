@@ -2,8 +2,9 @@
 
 Each app owns its registry (no process-global state, so two apps in one test process do not
 collide). Counters and histograms are updated when a request finishes; the engine's gauges
-(running and waiting requests, KV and KDA-state pool usage, prefix-cache hit rate) are read from
-`AsyncEngine.stats()` at scrape time by a collector, so they are never stale.
+(running and waiting requests, KV and KDA-state pool usage, prefix-cache hit rate) and, with
+speculative decoding, its drafted / accepted tokens and acceptance-length histogram are read
+from `AsyncEngine.stats()` at scrape time by a collector, so they are never stale.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric,
+)
 from prometheus_client.registry import Collector
 
 from atomk31.engine.async_engine import AsyncEngine
 from atomk31.engine.outputs import RequestOutput
+from atomk31.engine.spec_stats import SpeculationStats
 
 PREFIX = "atomk31"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -41,6 +45,29 @@ class EngineStatsCollector(Collector):
              stats.prefix_hit_rate),
         ):
             yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+        if stats.speculation is not None:
+            yield from speculation_metrics(stats.speculation)
+
+
+def speculation_metrics(spec: SpeculationStats) -> Iterator[Metric]:
+    """Speculative decoding's counters and its acceptance-length histogram (tokens emitted per
+    verify step: accepted drafts + 1, MODEL_SPEC §5.6)."""
+    for name, doc, value in (
+        ("spec_decode_num_draft_tokens", "Draft tokens verified.", spec.num_draft_tokens),
+        ("spec_decode_num_accepted_tokens", "Draft tokens accepted.", spec.num_accepted_tokens),
+        ("spec_decode_num_verify_steps", "Verifications (one request in one step).",
+         spec.num_verify_steps),
+    ):
+        yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+    cumulative, buckets = 0, []
+    for accepted, count in enumerate(spec.num_accepted_by_count):
+        cumulative += count
+        buckets.append((str(float(accepted + 1)), cumulative))
+    buckets.append(("+Inf", cumulative))
+    yield HistogramMetricFamily(
+        f"{PREFIX}_spec_decode_acceptance_length", "Tokens emitted per verification "
+        "(accepted drafts + 1).", buckets=buckets,
+        sum_value=spec.num_accepted_tokens + spec.num_verify_steps)
 
 
 class ServerMetrics:

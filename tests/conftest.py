@@ -42,3 +42,12 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory):
 
     return make_checkpoint("tiny", seed=TINY_SEED, out=tmp_path_factory.mktemp("tiny"),
                            progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tmp_path_factory: pytest.TempPathFactory):
+    """The tiny-dspark draft (MODEL_SPEC §5.8) of the tiny target, seed TINY_SEED. Read-only."""
+    from atomk31.checkpoint import make_checkpoint
+
+    return make_checkpoint("tiny-dspark", seed=TINY_SEED, out=tmp_path_factory.mktemp("draft"),
+                           progress=False)

@@ -21,6 +21,7 @@ from atomk31.config import EngineConfig
 from atomk31.engine.llm_engine import LLMEngine
 from atomk31.engine.outputs import RequestOutput
 from atomk31.engine.sampling_params import SamplingParams
+from atomk31.engine.spec_stats import SpeculationStats
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,9 @@ class EngineStats:
     num_free_blocks: int
     num_blocks: int
     num_free_state_slots: int
+    # drafted / accepted tokens and acceptance lengths (engine/spec_stats.py); None without
+    # speculative decoding
+    speculation: SpeculationStats | None = None
 
 
 class AsyncEngine:
@@ -107,7 +111,8 @@ class AsyncEngine:
             num_running=len(sched.running), num_waiting=len(sched.waiting),
             kv_usage=e.block_pool.usage(), state_usage=e.state_pool.usage(),
             prefix_hit_rate=e.block_pool.hit_rate(), num_free_blocks=e.block_pool.num_free_blocks,
-            num_blocks=e.block_pool.num_blocks, num_free_state_slots=e.state_pool.num_free_slots)
+            num_blocks=e.block_pool.num_blocks, num_free_state_slots=e.state_pool.num_free_slots,
+            speculation=e.speculation_stats())
 
     def shutdown(self) -> None:
         self._stopped.set()

@@ -29,6 +29,7 @@ from atomk31.engine.sampling_params import SamplingParams
 from atomk31.engine.scheduler import Scheduler
 from atomk31.engine.sequence import Sequence, SequenceStatus
 from atomk31.engine.spec_stats import SpeculationStats
+from atomk31.engine.speculative_graphs import SpeculativeGraphs
 from atomk31.engine.speculative import DraftPolicy, SpeculativeRunner, StepTokens, load_draft
 from atomk31.engine.stop_checker import StopChecker
 from atomk31.model import K31Model
@@ -135,26 +136,38 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.kernels, kv_views, self.state_pool,
                                   options.block_size, self.device,
                                   self.stop_checker.suppressed_token_ids)
+        graph_shapes = dict(
+            block_size=options.block_size, max_batch=min(options.max_num_seqs,
+                                                         GRAPH_BATCH_SIZES[-1]),
+            max_context=rc.max_model_len, split_points=[mc.index_topk] if mc.has_indexer else [],
+            scratch_block=plan.num_blocks, device=self.device, copy_state=self.state_pool.copy)
         if spec:
-            draft_views = [layout.layer_view(self.kv_pool, num_mla + i)
-                           for i in range(spec.draft.num_hidden_layers)]
-            self.speculative = SpeculativeRunner(
-                self.runner, DSparkProposer(self.draft, draft_views, options.block_size,
-                                            spec.draft_sample_method, self.device),
-                spec.draft.target_layer_ids, spec.num_speculative_tokens, self.state_pool,
-                self.scheduler.reserve_snapshots, options.seed)
-            graphs = False   # the decode graphs write no context rows (speculative graphs: TODO)
-        if graphs:
+            self._build_speculative(options, layout, num_mla, graphs, graph_shapes)
+        elif graphs:
             self.runner.graphs = DecodeGraphs(
-                self.runner.forward, self.kernels, options.block_size,
-                max_batch=min(options.max_num_seqs, GRAPH_BATCH_SIZES[-1]),
-                max_context=rc.max_model_len,
-                split_points=[mc.index_topk] if mc.has_indexer else [],
-                scratch_block=plan.num_blocks, scratch_slot=self.state_pool.scratch_slot(0),
-                backup_slot=self.state_pool.scratch_slot(1), device=self.device,
-                copy_state=self.state_pool.copy)
-        else:
+                self.runner.forward, self.kernels, scratch_slot=self.state_pool.scratch_slot(0),
+                backup_slot=self.state_pool.scratch_slot(1), **graph_shapes)
+        if not graphs:
             logger.info("decode steps run eagerly: %s", self.why_eager)
+
+    def _build_speculative(self, options: EngineConfig, layout: PackedLayout, num_mla: int,
+                           graphs: bool, graph_shapes: dict) -> None:
+        """The draft's pages, the speculative runner and (on a GPU) its graphs."""
+        spec = self.config.speculative
+        draft_views = [layout.layer_view(self.kv_pool, num_mla + i)
+                       for i in range(spec.draft.num_hidden_layers)]
+        self.speculative = SpeculativeRunner(
+            self.runner, DSparkProposer(self.draft, draft_views, options.block_size,
+                                        spec.draft_sample_method, self.device),
+            spec.draft.target_layer_ids, spec.num_speculative_tokens, self.state_pool,
+            self.scheduler.reserve_snapshots, options.seed)
+        if graphs:
+            self.speculative.graphs = SpeculativeGraphs(
+                self.speculative.forward,
+                lambda batch, ops: self.draft.block_logits(batch, draft_views, ops),
+                self.kernels, scratch_slot=self.state_pool.scratch_slot(0),
+                backup_slot=self.state_pool.scratch_slot(1),
+                mask_token_id=spec.draft.mask_token_id, **graph_shapes)
 
     def _cache_budget(self, options: EngineConfig) -> int:
         if options.kv_cache_memory is not None:

@@ -70,7 +70,8 @@ def yarn_mscale(factor: float, mscale: float) -> float:
 
 
 def yarn_frequencies(config: DraftReferenceConfig) -> torch.Tensor:
-    """The d_r / 2 rotary frequencies after YaRN's ramp between θ^(-2i/d_r) and that / s."""
+    """The d_r / 2 rotary frequencies (float64) after YaRN's ramp between θ^(-2i/d_r) and that
+    / s. Angles are formed in float64: at position 2^20 an fp32 angle is off by ~0.06 rad."""
     d_r, theta = config.qk_rope_head_dim, config.rope_theta
     i = torch.arange(d_r // 2, dtype=torch.float64)
     base = theta ** (-2.0 * i / d_r)
@@ -82,14 +83,14 @@ def yarn_frequencies(config: DraftReferenceConfig) -> torch.Tensor:
     high = min(math.ceil(dim_of(config.beta_slow)), d_r - 1)
     span = (high - low) if high != low else 0.001
     ramp = ((i - low) / span).clamp(0.0, 1.0)
-    return (base / config.rope_factor * ramp + base * (1.0 - ramp)).float()
+    return base / config.rope_factor * ramp + base * (1.0 - ramp)
 
 
 def apply_yarn_rope(x: torch.Tensor, positions: torch.Tensor, config: DraftReferenceConfig) -> torch.Tensor:
     """Rotate the rope lane x [T, ..., d_r] at absolute positions [T] (interleaved pairs
     (2i, 2i+1), or NeoX halves when rope_interleave is false), cos and sin scaled by
     ms(s, mscale) / ms(s, mscale_all_dim)."""
-    angle = positions.double()[:, None] * yarn_frequencies(config).double()[None, :]    # [T, d_r/2]
+    angle = positions.double()[:, None] * yarn_frequencies(config)[None, :]    # [T, d_r/2]
     scale = yarn_mscale(config.rope_factor, config.mscale) / yarn_mscale(config.rope_factor, config.mscale_all_dim)
     cos, sin = (torch.cos(angle) * scale).float(), (torch.sin(angle) * scale).float()
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (cos.shape[-1],)

@@ -62,3 +62,32 @@ def test_metrics_count_an_aborted_stream(live_server, pools_free):
     pools_free(live_server.engine.engine)
     key = "atomk31_requests_total{endpoint=chat,finish_reason=abort}"
     assert scrape(live_server).get(key, 0) - before.get(key, 0) == 1
+
+
+def test_speculative_decoding_counters_and_acceptance_histogram():
+    """Issue 21: drafted / accepted tokens and the acceptance-length histogram, read from the
+    engine's stats at scrape time (a stand-in engine: the counters' rendering is the point)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from atomk31.engine.async_engine import EngineStats
+    from atomk31.engine.spec_stats import SpeculationStats
+    from server.metrics import EngineStatsCollector
+
+    spec = SpeculationStats(3)
+    for drafts, accepted in ((3, 0), (3, 3), (3, 1), (2, 2), (3, 1)):
+        spec.record(drafts, accepted)
+    stats = EngineStats(0, 0, 0.0, 0.0, 0.0, 10, 10, 4, speculation=spec)
+    registry = CollectorRegistry()
+    registry.register(EngineStatsCollector(type("Engine", (), {"stats": lambda self: stats})()))
+    samples = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for sample in family.samples:
+            le = sample.labels.get("le")
+            samples[sample.name + (f"{{le={le}}}" if le else "")] = sample.value
+    assert samples["atomk31_spec_decode_num_draft_tokens_total"] == 14
+    assert samples["atomk31_spec_decode_num_accepted_tokens_total"] == 7
+    assert samples["atomk31_spec_decode_num_verify_steps_total"] == 5
+    assert [samples[f"atomk31_spec_decode_acceptance_length_bucket{{le={le}}}"]
+            for le in ("1.0", "2.0", "3.0", "4.0", "+Inf")] == [1, 3, 4, 5, 5]
+    assert samples["atomk31_spec_decode_acceptance_length_sum"] == 12
+    assert spec.mean_acceptance_length == 12 / 5 and spec.acceptance_rate == 0.5
