@@ -43,10 +43,11 @@ def spec_llm(checkpoint, draft, num_drafts=NUM_DRAFTS, method="probabilistic", *
 
 class ScriptedDrafts:
     """Drafts = the plain run's continuation of each request (`expected`: request id -> output
-    tokens), with the draft at position `calls % (k + 1)` changed (none when that is k)."""
+    tokens), with the draft at position `(k - c) % (k + 1)` changed in the request's c-th
+    verify step (none when that is k): k, k - 1, ..., 0 drafts accepted in turn."""
 
     def __init__(self, llm: LLM, expected: dict[str, list[int]]):
-        self.expected, self.calls = expected, 0
+        self.expected, self.calls = expected, {}
         proposer = llm.engine.speculative.proposer
         original = proposer.propose
 
@@ -56,11 +57,12 @@ class ScriptedDrafts:
                 seq, k = item.seq, item.num_draft_tokens
                 want = self.expected[seq.request_id][seq.num_output_tokens:]
                 drafts = (want + [0] * k)[:k]
-                wrong = self.calls % (k + 1)
+                count = self.calls.get(seq.request_id, 0)
+                wrong = (k - count) % (k + 1)
                 if wrong < k:
                     drafts[wrong] = (drafts[wrong] + 1) % 768
                 proposal.tokens[r, :k] = torch.tensor(drafts)
-                self.calls += 1
+                self.calls[seq.request_id] = count + 1
             return proposal
 
         proposer.propose = propose
@@ -99,11 +101,14 @@ def test_random_draft_gives_the_plain_greedy_tokens(tiny_checkpoint, tiny_draft,
     pools_free(llm)
 
 
-def test_accepted_drafts_give_the_plain_greedy_tokens(tiny_checkpoint, tiny_draft,
-                                                       plain_tokens, pools_free):
+def test_accepted_drafts_give_the_plain_greedy_tokens(tiny_checkpoint, tiny_draft, plain_llm,
+                                                       pools_free):
+    """Every acceptance length, with chunked prefill beside the verify rows."""
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompts = prompts_of((3, 70))
+    plain_tokens = tokens(plain_llm.generate(prompts, params))
     llm = spec_llm(tiny_checkpoint, tiny_draft, max_num_batched_tokens=48)
-    prompts = prompts_of(LENGTHS)
-    ids = [llm.engine.add_request(p, GREEDY) for p in prompts]
+    ids = [llm.engine.add_request(p, params) for p in prompts]
     ScriptedDrafts(llm, dict(zip(ids, plain_tokens)))
     outputs = {}
     while llm.engine.has_unfinished_requests():

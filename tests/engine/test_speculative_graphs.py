@@ -121,8 +121,8 @@ def test_steps_through_the_graph_path_give_the_eager_tokens(tiny_checkpoint, tin
                                                            monkeypatch):
     """Greedy tokens with every uniform step replayed (verify and draft families, a rows = 1
     family while min_tokens holds drafts back, snapshots at block ends) equal eager ones."""
-    prompts = prompts_of((5, 40, 20), seed=3)
-    params = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True, min_tokens=3)
+    prompts = prompts_of((5, 40), seed=3)
+    params = SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True, min_tokens=2)
     want = [o.outputs[0].token_ids
             for o in spec_llm(tiny_checkpoint, tiny_draft).generate(prompts, params)]
     llm = spec_llm(tiny_checkpoint, tiny_draft, kda_snapshot_interval=16)
@@ -135,7 +135,7 @@ def test_steps_through_the_graph_path_give_the_eager_tokens(tiny_checkpoint, tin
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert got == want
     assert graphs.verify.num_replays > 0 and graphs.draft.num_replays > 0
-    assert {rows for _, rows, _ in graphs.verify.graphs} == {1, 4}, list(graphs.verify.graphs)
+    assert {1, 4} <= {rows for _, rows, _ in graphs.verify.graphs}, list(graphs.verify.graphs)
 
 
 @pytest.mark.gpu
