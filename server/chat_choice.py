@@ -110,8 +110,7 @@ class ChatChoiceState:
             if not is_stopped:
                 content += self.stop_filter.flush()
             update.finish_reason = ("stop" if is_stopped
-                                    else self.parser.finish_reason_override
-                                    or completion.finish_reason)
+                                    else self.parser.finish_reason(completion.finish_reason))
         else:
             content, is_stopped = self.stop_filter.feed(delta.content, self._may_stop())
             if is_stopped:
