@@ -27,10 +27,12 @@ from atomk31.engine.async_engine import AsyncEngine
 from server.auth import require_api_key
 from server.errors import install_error_handlers
 from server.metrics import ServerMetrics
+from server.limits import ServerLimits
 from server.protocol import (
     ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse,
     ErrorResponse, ModelCard, ModelList,
 )
+from server.request_body import parsed_body
 from server.serving_chat import create_chat_completion
 from server.serving_common import check_model, max_model_len
 from server.serving_completions import create_completion
@@ -58,7 +60,9 @@ v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=
 
 
 @v1.post("/chat/completions", response_model=ChatCompletionResponse)
-async def chat_completions(body: ChatCompletionRequest, request: Request,
+async def chat_completions(request: Request,
+                           body: ChatCompletionRequest = Depends(
+                               parsed_body(ChatCompletionRequest)),
                            engine: AsyncEngine = Depends(get_engine),
                            metrics: ServerMetrics = Depends(get_metrics),
                            model_name: str = Depends(get_served_model_name)
@@ -67,7 +71,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
 
 
 @v1.post("/completions", response_model=CompletionResponse)
-async def completions(body: CompletionRequest, request: Request,
+async def completions(request: Request,
+                      body: CompletionRequest = Depends(parsed_body(CompletionRequest)),
                       engine: AsyncEngine = Depends(get_engine),
                       metrics: ServerMetrics = Depends(get_metrics),
                       model_name: str = Depends(get_served_model_name)
@@ -114,9 +119,10 @@ async def metrics_endpoint(metrics: ServerMetrics = Depends(get_metrics)) -> Res
 
 # ---- the app -------------------------------------------------------------------------------------
 def create_app(options: EngineConfig | None, served_model_name: str, api_key: str | None = None,
-               engine: AsyncEngine | None = None) -> FastAPI:
+               engine: AsyncEngine | None = None, limits: ServerLimits | None = None) -> FastAPI:
     """The server for one model. `options` build the engine at start-up; or pass a running
-    `engine` (then `options` may be None and the app does not shut the engine down)."""
+    `engine` (then `options` may be None and the app does not shut the engine down).
+    `limits`: what one request may cost before it reaches the engine (server/limits.py)."""
     if options is None and engine is None:
         raise ValueError("create_app needs EngineConfig options or a running AsyncEngine; "
                          "got neither")
@@ -142,6 +148,7 @@ def create_app(options: EngineConfig | None, served_model_name: str, api_key: st
                   description="OpenAI-compatible server for Kimi K3.1 Pro")
     app.state.served_model_name = served_model_name
     app.state.api_key = api_key
+    app.state.limits = limits or ServerLimits()
     install_error_handlers(app)
     app.include_router(v1)
     app.include_router(service)

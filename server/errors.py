@@ -29,11 +29,13 @@ ERROR_TYPES = {
     401: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    413: "invalid_request_error",
     503: "service_unavailable_error",
 }
 FIELD_PATH = re.compile(r"([a-z_]+)(\[\d+\]|\.[a-z_]+)*")
 UNION_TAG_NAMES = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
 MAX_VALIDATION_PROBLEMS = 3   # a union mismatch reports one problem per member; show a few
+MAX_ECHOED_CHARS = 100        # of a client's value quoted back in an error message
 
 
 class APIError(Exception):
@@ -47,6 +49,14 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.error_type = error_type or ERROR_TYPES.get(status, "server_error")
+
+
+def quoted(value: str, limit: int = MAX_ECHOED_CHARS) -> str:
+    """`repr(value)`, cut to about `limit` characters: a client's value echoed in a message
+    (a 1 MB model name must not come back as a 1 MB error)."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -104,10 +114,10 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 
 async def _http_exception(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     if exc.status_code == 404:
-        message = f"no route {request.method} {request.url.path}; see /docs for the API"
+        message = f"no route {request.method} {quoted(request.url.path)}; see /docs for the API"
         code = "not_found"
     elif exc.status_code == 405:
-        message = f"{request.url.path} does not accept {request.method}"
+        message = f"{quoted(request.url.path)} does not accept {request.method}"
         code = "method_not_allowed"
     else:
         message, code = str(exc.detail), None

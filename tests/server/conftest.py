@@ -121,6 +121,10 @@ class ScriptedEngine:
                            state_usage=0.0, prefix_hit_rate=0.0, num_free_blocks=1,
                            num_blocks=1, num_free_state_slots=1)
 
+    async def submit(self, requests: list[tuple[list[int], SamplingParams, str]]) -> list:
+        return [self.generate(prompt, params, request_id) for prompt, params, request_id
+                in requests]
+
     async def generate(self, prompt: list[int], params: SamplingParams,
                        request_id: str) -> AsyncIterator[RequestOutput]:
         self.prompts.append(list(prompt))

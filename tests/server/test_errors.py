@@ -139,7 +139,6 @@ BAD_REQUESTS = [
     ("completions-logprobs-too-many", COMPLETIONS, completion(logprobs=21), 400, "logprobs"),
     ("completions-suffix", COMPLETIONS, completion(suffix="!"), 400, None),
     ("completions-best-of", COMPLETIONS, completion(best_of=3), 400, None),
-    ("completions-echo-with-logprobs", COMPLETIONS, completion(echo=True, logprobs=1), 400, None),
     ("completions-context-length-exceeded", COMPLETIONS,
      completion(prompt=[5] * 4000, max_tokens=200), 400, "prompt"),
     ("completions-unknown-model", COMPLETIONS, completion(model="davinci"), 404, "model"),

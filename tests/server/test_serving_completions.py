@@ -35,7 +35,10 @@ def test_completion_answers_in_openai_shape(live_server):
     [choice] = response.choices
     assert choice.finish_reason in ("stop", "length")
     assert response.usage.completion_tokens == len(choice.logprobs.tokens) <= 5
-    assert all(len(top) <= 2 for top in choice.logprobs.top_logprobs)
+    # OpenAI's legacy format: the 2 best and the chosen token itself, so 2 or 3 entries
+    for token, logprob, top in zip(choice.logprobs.tokens, choice.logprobs.token_logprobs,
+                                   choice.logprobs.top_logprobs):
+        assert 2 <= len(top) <= 3 and top[token] == logprob
     offsets = choice.logprobs.text_offset
     assert offsets == sorted(offsets) and offsets[0] == 0
 
