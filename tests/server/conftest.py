@@ -161,6 +161,13 @@ def scripted_server(tiny_tokenizer: Tokenizer) -> Iterator[tuple[LiveServer, Scr
 
 
 @pytest.fixture
+def scripted_engine(tiny_tokenizer: Tokenizer):
+    """Factory: `scripted_engine(max_model_len=...)` -> a fresh ScriptedEngine."""
+    stop_ids = {tiny_tokenizer.token_id("<|end_of_msg|>"), tiny_tokenizer.token_id("[EOS]")}
+    return lambda max_model_len=4096: ScriptedEngine(tiny_tokenizer, stop_ids, max_model_len)
+
+
+@pytest.fixture
 def start_server() -> Iterator:
     """Factory: `start_server(app)` -> a LiveServer, stopped after the test."""
     servers: list[LiveServer] = []

@@ -241,3 +241,20 @@ def test_server_still_serves_after_bad_input(live_server):
 def test_param_named_by_a_renderer_message(message, param):
     fields = frozenset({"messages", "tools", "tool_choice"})
     assert param_named_by(message, fields) == param
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+def test_unknown_model_404_bounds_the_echoed_name(live_server, path):
+    """Issue 19: a 404 for an unknown model echoed a 1 MB model name in full."""
+    name = "m" * 1_000_000
+    body = chat(model=name) if path == CHAT else completion(model=name)
+    with httpx.Client(base_url=live_server.base_url, timeout=30) as client:
+        response = client.post(path, json=body)
+    error = assert_error_shape(response, 404)
+    assert len(response.content) < 1000 and "(1000000 characters)" in error["message"]
+
+
+def test_unknown_route_404_bounds_the_echoed_path(live_server):
+    with httpx.Client(base_url=live_server.base_url, timeout=30) as client:
+        response = client.get("/v1/" + "p" * 5000)
+    assert len(assert_error_shape(response, 404)["message"]) < 300

@@ -121,3 +121,26 @@ def test_completion_client_leaving_mid_stream_aborts_every_prompt(live_server, p
             if line.startswith("data:"):
                 break
     pools_free(live_server.engine.engine)
+
+
+def test_completion_prompts_of_one_request_are_prefilled_in_one_step(live_server):
+    """Issue 19: a list of 32 prompts took 7.2 s where 32 concurrent requests took 1.35 s: each
+    prompt waited for the previous one's first token. They are now submitted together, so one
+    engine step prefills them all."""
+    scheduler = live_server.engine.engine.scheduler
+    prefill_batches = []
+    original = scheduler.schedule
+
+    def schedule():
+        scheduled = original()
+        prefill_batches.append(sum(item.seq.num_output_tokens == 0 for item in scheduled))
+        return scheduled
+
+    scheduler.schedule = schedule
+    try:
+        response = client_for(live_server).completions.create(
+            model=MODEL, prompt=[f"prompt number {i}" for i in range(8)], max_tokens=2)
+    finally:
+        scheduler.schedule = original
+    assert len(response.choices) == 8
+    assert max(prefill_batches) == 8, prefill_batches
