@@ -5,8 +5,10 @@ lifespan (never at import, never a module global) and kept on `app.state`, where
 dependencies below find it. Tests may pass a ready `engine`, which the app then uses and does
 not shut down.
 
-Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/{id}
-(all behind the API key when one is set), GET /health, GET /metrics.
+Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/messages (Anthropic),
+POST /v1/messages/count_tokens, GET /v1/models, GET /v1/models/{id}, and vLLM's POST /tokenize,
+POST /detokenize, GET /tokenizer_info (all behind the API key when one is set); GET /health,
+GET /metrics.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from server.request_body import parsed_body
 from server.serving_chat import create_chat_completion
 from server.serving_common import check_model, max_model_len
 from server.serving_completions import create_completion
+from server.serving_tokenize import router as tokenizer_routes
 
 logger = logging.getLogger(__name__)
 
@@ -151,5 +154,6 @@ def create_app(options: EngineConfig | None, served_model_name: str, api_key: st
     app.state.limits = limits or ServerLimits()
     install_error_handlers(app)
     app.include_router(v1)
+    app.include_router(tokenizer_routes)
     app.include_router(service)
     return app
