@@ -26,6 +26,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from atomk31 import __version__
 from atomk31.config import EngineConfig
 from atomk31.engine.async_engine import AsyncEngine
+from server.anthropic_protocol import (
+    CountTokensRequest, CountTokensResponse, MessagesRequest, MessagesResponse,
+)
 from server.auth import require_api_key
 from server.errors import install_error_handlers
 from server.metrics import ServerMetrics
@@ -38,6 +41,7 @@ from server.request_body import parsed_body
 from server.serving_chat import create_chat_completion
 from server.serving_common import check_model, max_model_len
 from server.serving_completions import create_completion
+from server.serving_messages import count_tokens, create_message
 from server.serving_tokenize import router as tokenizer_routes
 
 logger = logging.getLogger(__name__)
@@ -81,6 +85,27 @@ async def completions(request: Request,
                       model_name: str = Depends(get_served_model_name)
                       ) -> CompletionResponse | Response:
     return await create_completion(body, request, engine, metrics, model_name)
+
+
+@v1.post("/messages", response_model=MessagesResponse)
+async def messages(request: Request,
+                   body: MessagesRequest = Depends(parsed_body(MessagesRequest)),
+                   engine: AsyncEngine = Depends(get_engine),
+                   metrics: ServerMetrics = Depends(get_metrics),
+                   model_name: str = Depends(get_served_model_name)
+                   ) -> MessagesResponse | Response:
+    """Anthropic's Messages API (errors in Anthropic's shape)."""
+    return await create_message(body, request, engine, metrics, model_name)
+
+
+@v1.post("/messages/count_tokens")
+async def messages_count_tokens(request: Request,
+                                body: CountTokensRequest = Depends(
+                                    parsed_body(CountTokensRequest)),
+                                engine: AsyncEngine = Depends(get_engine),
+                                model_name: str = Depends(get_served_model_name)
+                                ) -> CountTokensResponse:
+    return await count_tokens(body, request, engine, model_name)
 
 
 @v1.get("/models")

@@ -62,6 +62,7 @@ class ChatRequestRun:
         self.metrics = metrics
         self.model_name = model_name
         self.request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.endpoint = ENDPOINT   # the metrics label
         self.created = int(time.time())
         self.prompt_token_ids = prompt.token_ids
         max_tokens = resolve_max_tokens(len(self.prompt_token_ids), body.max_output_tokens,
@@ -95,7 +96,7 @@ class ChatRequestRun:
 
     def record_metrics(self, finish_reason: str | None) -> None:
         """finish_reason: choice 0's, "error", or None for a request cut off (client gone)."""
-        self.metrics.record(ENDPOINT, finish_reason or "abort", self.last_output,
+        self.metrics.record(self.endpoint, finish_reason or "abort", self.last_output,
                             sum(state.num_tokens for state in self.choices))
 
     def usage(self) -> Usage:
@@ -206,10 +207,12 @@ def _tool_call(call: ToolCall) -> ToolCallOut:
 
 
 async def chat_prompt(messages: list[dict], engine: AsyncEngine, limits: ServerLimits,
-                      max_tokens: int | None, **render_options: Any) -> ChatPrompt:
+                      max_tokens: int | None, context_length: int | None = None,
+                      **render_options: Any) -> ChatPrompt:
     """The request's prompt, bounded, rendered and tokenized in a worker thread (a large
-    request must not stall the event loop: other requests, /health)."""
-    context_length = max_model_len(engine)
+    request must not stall the event loop: other requests, /health). `context_length`: the
+    model's unless given (token counting checks none)."""
+    context_length = context_length or max_model_len(engine)
 
     def build() -> ChatPrompt:
         check_chat_size(messages, limits, count_content_parts(messages))
