@@ -188,7 +188,8 @@ def _block_type(block: Any, place: str) -> str:
 
 def _text_of(block: dict, place: str) -> str:
     if not isinstance(block.get("text"), str):
-        raise ChatTemplateError(f"{place}.text must be a string, got {short_repr(block.get('text'))}")
+        raise ChatTemplateError(f"{place}.text must be a string, got "
+                                f"{short_repr(block.get('text'))}")
     return block["text"]
 
 

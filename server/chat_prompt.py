@@ -22,7 +22,8 @@ from server.errors import APIError, bad_request
 from server.limits import ServerLimits
 from server.xtml import Segment
 
-MIN_TOKENS_PER_MESSAGE = 11   # <|open|> message ␣role =" ROLE " <|sep|> <|close|> message <|sep|> EOM
+# <|open|> message ␣role =" ROLE " <|sep|>, <|close|> message <|sep|>, <|end_of_msg|>
+MIN_TOKENS_PER_MESSAGE = 11
 MIN_GENERATION_PROMPT_TOKENS = 10   # §2.4: ten segments either way
 MAX_MEMO_SEGMENT_CHARS = 32   # framing segments repeat in every message: encode each once
 

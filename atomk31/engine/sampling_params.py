@@ -32,8 +32,9 @@ class SamplingParams:
     tokens or stop strings may end the request. stop / stop_token_ids: extra stop conditions.
     ignore_eos: keep going past EOS. logprobs: also return the top-n log-probabilities of each
     generated token (0 = only the chosen token's). prompt_logprobs: likewise for every prompt
-    token after the first (given the tokens before it). skip_special_tokens: leave special tokens out
-    of the text. include_stop_str_in_output: keep the matched stop string (or stop token's text).
+    token after the first (given the tokens before it). skip_special_tokens: leave special
+    tokens out of the text. include_stop_str_in_output: keep the matched stop string (or stop
+    token's text).
     """
 
     n: int = 1
