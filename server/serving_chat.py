@@ -16,11 +16,11 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator
-from typing import Any
 from contextlib import aclosing
+from typing import Any
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from atomk31.engine.async_engine import AsyncEngine
 from atomk31.engine.outputs import RequestOutput, TokenLogprobs
@@ -28,8 +28,9 @@ from server.chat_choice import ChatChoiceState, ChoiceUpdate
 from server.chat_prompt import ChatPrompt, build_chat_prompt, check_chat_size, \
     count_content_parts, max_prompt_tokens
 from server.chat_template import ChatTemplateError
-from server.limits import ServerLimits
 from server.errors import APIError, bad_request, error_json, param_named_by
+from server.limits import ServerLimits
+from server.logprobs import clamp_logprob, token_string
 from server.metrics import ServerMetrics
 from server.output_parser import ChatOutputParser, ToolCall
 from server.protocol import (
@@ -38,10 +39,9 @@ from server.protocol import (
     StreamedToolCall, TokenLogprob, TopLogprob, Usage,
 )
 from server.protocol import ToolCall as ToolCallOut
-from server.logprobs import clamp_logprob, token_string
 from server.serving_common import (
-    SSE_DONE, ClientDisconnected, check_model, engine_error, max_model_len, outputs_from,
-    resolve_max_tokens, run_until_disconnected, sampling_params, sse, start_streams,
+    SSE_DONE, answer, check_model, engine_error, max_model_len, outputs_from,
+    resolve_max_tokens, sampling_params, sse, start_streams,
 )
 
 logger = logging.getLogger(__name__)
@@ -237,10 +237,5 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                                response_format=body.response_format)
     run = ChatRequestRun(body, engine, metrics, model_name, prompt)
     outputs = await run.start()
-    if body.stream:
-        return StreamingResponse(run.event_stream(outputs), media_type="text/event-stream")
-    try:
-        return await run_until_disconnected(request, run.full_response(outputs))
-    except ClientDisconnected:
-        logger.info("client left before chat request %s finished; aborted it", run.request_id)
-        return Response(status_code=499)
+    return await answer(request, body.stream, lambda: run.event_stream(outputs),
+                        lambda: run.full_response(outputs), f"chat request {run.request_id}")

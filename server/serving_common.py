@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
 
 from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
 
 from atomk31.engine.async_engine import AsyncEngine, EngineBusyError, EngineDeadError
 from atomk31.engine.outputs import RequestOutput
@@ -129,6 +130,20 @@ async def outputs_from(first: RequestOutput, stream: AsyncIterator[RequestOutput
 
 def sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False, allow_nan=False)}\n\n"
+
+
+async def answer(request: Request, is_stream: bool,
+                 events: Callable[[], AsyncGenerator[str, None]],
+                 whole: Callable[[], Awaitable[T]], what: str) -> T | Response:
+    """The response of a started request: `events()` as server-sent events, or `whole()`
+    awaited (a client that leaves first aborts it: 499). `what` names it in the log."""
+    if is_stream:
+        return StreamingResponse(events(), media_type="text/event-stream")
+    try:
+        return await run_until_disconnected(request, whole())
+    except ClientDisconnected:
+        logger.info("client left before %s finished; aborted it", what)
+        return Response(status_code=499)
 
 
 async def run_until_disconnected(request: Request, work: Awaitable[T]) -> T:

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import AsyncGenerator
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from atomk31.engine.async_engine import AsyncEngine
 from atomk31.engine.outputs import CompletionOutput, RequestOutput
@@ -34,9 +34,8 @@ from server.protocol import (
     PromptTokensDetails, Usage,
 )
 from server.serving_common import (
-    SSE_DONE, ClientDisconnected, check_model, engine_error, max_model_len, merge_streams,
-    outputs_from, resolve_max_tokens, run_until_disconnected, sampling_params, sse,
-    start_streams,
+    SSE_DONE, answer, check_model, engine_error, max_model_len, merge_streams, outputs_from,
+    resolve_max_tokens, sampling_params, sse, start_streams,
 )
 
 logger = logging.getLogger(__name__)
@@ -235,11 +234,6 @@ async def create_completion(body: CompletionRequest, request: Request, engine: A
         lambda: [tokenizer.encode(p) if isinstance(p, str) else p for p in body.prompts])
     run = CompletionRequestRun(body, engine, metrics, model_name, prompt_token_ids)
     outputs = await run.start()
-    if body.stream:
-        return StreamingResponse(run.event_stream(outputs), media_type="text/event-stream")
-    try:
-        return await run_until_disconnected(request, run.full_response(outputs))
-    except ClientDisconnected:
-        logger.info("client left before completion request %s finished; aborted it",
-                    run.request_id)
-        return Response(status_code=499)
+    return await answer(request, body.stream, lambda: run.event_stream(outputs),
+                        lambda: run.full_response(outputs),
+                        f"completion request {run.request_id}")

@@ -25,7 +25,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from pydantic import ValidationError
 
 from atomk31.engine.async_engine import AsyncEngine
@@ -42,9 +42,7 @@ from server.metrics import ServerMetrics
 from server.output_parser import ToolCall
 from server.protocol import ChatCompletionRequest
 from server.serving_chat import ChatRequestRun, chat_prompt
-from server.serving_common import (
-    ClientDisconnected, check_model, engine_error, run_until_disconnected,
-)
+from server.serving_common import answer, check_model, engine_error
 
 logger = logging.getLogger(__name__)
 
@@ -224,13 +222,8 @@ async def create_message(body: MessagesRequest, request: Request, engine: AsyncE
                                reasoning_effort=chat.reasoning_effort)
     run = MessagesRun(body, ChatRequestRun(chat, engine, metrics, model_name, prompt))
     outputs = await run.run.start()
-    if body.stream:
-        return StreamingResponse(run.event_stream(outputs), media_type="text/event-stream")
-    try:
-        return await run_until_disconnected(request, run.full_response(outputs))
-    except ClientDisconnected:
-        logger.info("client left before message %s finished; aborted it", run.message_id)
-        return Response(status_code=499)
+    return await answer(request, body.stream, lambda: run.event_stream(outputs),
+                        lambda: run.full_response(outputs), f"message {run.message_id}")
 
 
 async def count_tokens(body: CountTokensRequest, request: Request,

@@ -74,9 +74,11 @@ def test_health_answers_while_a_huge_chat_renders(roomy_server):
     result: dict = {}
 
     def send() -> None:
+        start = time.monotonic()
         result["response"] = httpx.post(roomy_server.base_url + "/v1/chat/completions",
                                         json={"model": MODEL, "messages": messages,
                                               "max_tokens": 1}, timeout=120)
+        result["seconds"] = time.monotonic() - start
 
     sender = threading.Thread(target=send)
     sender.start()
@@ -90,5 +92,7 @@ def test_health_answers_while_a_huge_chat_renders(roomy_server):
             time.sleep(0.02)
     sender.join()
     assert result["response"].status_code == 200, result["response"].text
-    assert latencies and max(latencies) < 0.5, latencies
+    # On the event loop, one probe waited for the whole rendering; in a worker thread each
+    # answers at once (the bound is loose: other processes may load the machine).
+    assert latencies and max(latencies) < min(1.0, result["seconds"] / 3), (latencies, result)
     assert len(latencies) >= 3, "the request finished before /health could be probed"
