@@ -10,8 +10,9 @@ import httpx
 import pytest
 
 from server.app import create_app
-from server.chat_prompt import MIN_TOKENS_PER_MESSAGE, encode_within
+from server.chat_prompt import MIN_TOKENS_PER_MESSAGE, build_chat_prompt, encode_within
 from server.chat_template import render_chat
+from server.errors import APIError
 from server.limits import ServerLimits
 
 MODEL = "tiny-test"
@@ -96,3 +97,17 @@ def test_health_answers_while_a_huge_chat_renders(roomy_server):
     # answers at once (the bound is loose: other processes may load the machine).
     assert latencies and max(latencies) < min(1.0, result["seconds"] / 3), (latencies, result)
     assert len(latencies) >= 3, "the request finished before /health could be probed"
+
+
+@pytest.mark.parametrize("content, max_prompt, message", [
+    ([{"type": "text", "text": "w"}] * 40, 50,
+     "the rendered prompt has 61 segments, so at least as many tokens"),
+    ("some words " * 20, 40, "the prompt has more than 40 tokens"),
+], ids=["by-segments", "by-tokens"])
+def test_build_chat_prompt_stops_as_soon_as_the_prompt_cannot_fit(tiny_tokenizer, content,
+                                                                 max_prompt, message):
+    messages = [{"role": "user", "content": content}]
+    with pytest.raises(APIError, match=message) as raised:
+        build_chat_prompt(messages, tiny_tokenizer, max_prompt, 4096, reasoning_effort="none")
+    assert raised.value.code == "context_length_exceeded"
+    assert "at most" in raised.value.message and "4096" in raised.value.message
