@@ -154,7 +154,8 @@ def test_prompt_logprobs_over_chunks_equal_the_oracle(tiny_checkpoint, pools_fre
     prompt = prompts_of((60,), seed=8)[0]
     logprobs = ReferenceModel.from_pretrained(tiny_checkpoint, index_key_format="fp8").forward(
         torch.tensor(prompt)).log_softmax(-1)
-    llm = LLM(tiny_checkpoint, block_size=16, kernel_backend="torch", max_num_batched_tokens=32)
+    llm = LLM(tiny_checkpoint, block_size=16, kernel_backend="torch", max_num_batched_tokens=32,
+              kv_cache_memory=192 << 20)
     params = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=3, ignore_eos=True)
     for attempt in range(2):
         [out] = llm.generate([prompt], params)

@@ -4,6 +4,7 @@ Before issue 19 every completion of a request recomputed the prompt. Now the pro
 once; the other completions share its full blocks, copy its last partial block and its KDA
 state, and must generate exactly what n independent requests generate."""
 
+import gc
 from collections import Counter
 
 import pytest
@@ -12,6 +13,20 @@ import torch
 from atomk31 import LLM, SamplingParams
 
 BLOCK = 16
+CACHE_BYTES = 192 << 20   # 64 KDA states and the blocks these tests need: keeps RSS small
+
+
+def tiny_llm(checkpoint, **options) -> LLM:
+    return LLM(checkpoint, block_size=BLOCK, kernel_backend="torch", kv_cache_memory=CACHE_BYTES,
+               **options)
+
+
+@pytest.fixture(autouse=True)
+def free_engines():
+    """Each test's engine holds hundreds of MB; patched methods make reference cycles that
+    only a full collection frees, so collect after every test."""
+    yield
+    gc.collect()
 
 
 def count_computed_tokens(llm: LLM) -> Counter:
@@ -37,8 +52,7 @@ def prompt_of(length: int, seed: int = 0) -> list[int]:
 def independent(tiny_checkpoint):
     """`independent(prompt, params)`: the tokens of each choice run as its own n=1 request
     (choice i with seed + i) on an engine without prefix caching."""
-    llm = LLM(tiny_checkpoint, block_size=BLOCK, kernel_backend="torch",
-              enable_prefix_caching=False)
+    llm = tiny_llm(tiny_checkpoint, enable_prefix_caching=False)
 
     def run(prompt: list[int], params: SamplingParams) -> list[list[int]]:
         singles = [SamplingParams(**{**vars(params), "n": 1, "seed": None if params.seed is None
@@ -58,7 +72,7 @@ def test_fork_equals_independent_requests_and_computes_the_prompt_once(
         tiny_checkpoint, independent, pools_free, length, params):
     """Issue 19: n = 128 recomputed the prompt 128 times; now the prompt's tokens are computed
     once and each choice matches its own independent request token for token."""
-    llm = LLM(tiny_checkpoint, block_size=BLOCK, kernel_backend="torch")
+    llm = tiny_llm(tiny_checkpoint)
     computed = count_computed_tokens(llm)
     prompt = prompt_of(length, seed=length)
     [out] = llm.generate([prompt], params)
@@ -69,7 +83,7 @@ def test_fork_equals_independent_requests_and_computes_the_prompt_once(
 
 
 def test_fork_with_max_tokens_1_takes_no_fork_resources(tiny_checkpoint, pools_free):
-    llm = LLM(tiny_checkpoint, block_size=BLOCK, kernel_backend="torch")
+    llm = tiny_llm(tiny_checkpoint)
     computed = count_computed_tokens(llm)
     [out] = llm.generate([prompt_of(40)], SamplingParams(n=128, temperature=1.0, seed=3,
                                                          max_tokens=1, ignore_eos=True))
@@ -83,7 +97,7 @@ def test_fork_without_room_recomputes_and_still_matches(tiny_checkpoint, indepen
                                                         pools_free):
     """max_num_seqs=2 leaves no batch seat for the third choice: it waits and recomputes its
     prompt and first token, as a preempted sequence does."""
-    llm = LLM(tiny_checkpoint, block_size=BLOCK, kernel_backend="torch", max_num_seqs=2)
+    llm = tiny_llm(tiny_checkpoint, max_num_seqs=2)
     params = SamplingParams(n=3, temperature=0.0, max_tokens=3, ignore_eos=True)
     prompt = prompt_of(30, seed=2)
     [out] = llm.generate([prompt], params)
@@ -92,7 +106,7 @@ def test_fork_without_room_recomputes_and_still_matches(tiny_checkpoint, indepen
 
 
 def test_forks_share_full_blocks_and_copy_the_partial_one(tiny_checkpoint, pools_free):
-    llm = LLM(tiny_checkpoint, block_size=BLOCK, kernel_backend="torch")
+    llm = tiny_llm(tiny_checkpoint)
     engine = llm.engine
     engine.add_request(prompt_of(40), SamplingParams(n=3, temperature=0.0, max_tokens=8,
                                                      ignore_eos=True), request_id="r")
@@ -115,8 +129,7 @@ def test_forks_share_full_blocks_and_copy_the_partial_one(tiny_checkpoint, pools
 
 @pytest.mark.parametrize("steps", [0, 3], ids=["before-prefill", "mid-prefill-and-forked"])
 def test_abort_frees_every_fork(tiny_checkpoint, pools_free, steps):
-    llm = LLM(tiny_checkpoint, block_size=BLOCK, kernel_backend="torch",
-              max_num_batched_tokens=32)
+    llm = tiny_llm(tiny_checkpoint, max_num_batched_tokens=32)
     engine = llm.engine
     engine.add_request(prompt_of(45), SamplingParams(n=4, max_tokens=20, ignore_eos=True),
                        request_id="r")
