@@ -4,7 +4,6 @@ Before issue 19 every completion of a request recomputed the prompt. Now the pro
 once; the other completions share its full blocks, copy its last partial block and its KDA
 state, and must generate exactly what n independent requests generate."""
 
-import gc
 from collections import Counter
 
 import pytest
@@ -19,14 +18,6 @@ CACHE_BYTES = 192 << 20   # 64 KDA states and the blocks these tests need: keeps
 def tiny_llm(checkpoint, **options) -> LLM:
     return LLM(checkpoint, block_size=BLOCK, kernel_backend="torch", kv_cache_memory=CACHE_BYTES,
                **options)
-
-
-@pytest.fixture(autouse=True)
-def free_engines():
-    """Each test's engine holds hundreds of MB; patched methods make reference cycles that
-    only a full collection frees, so collect after every test."""
-    yield
-    gc.collect()
 
 
 def count_computed_tokens(llm: LLM) -> Counter:
