@@ -1,6 +1,7 @@
 """AsyncEngine: streams per request, errors before the first output, abort frees everything."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -18,12 +19,14 @@ def engine(tiny_checkpoint):
     engine.shutdown()
 
 
-def wait_until_idle(engine: AsyncEngine) -> None:
-    for _ in range(100):
+def wait_until_idle(engine: AsyncEngine, timeout_s: float = 60.0) -> None:
+    """Aborts land between steps, and a step may take seconds on a loaded machine."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
         stats = engine.stats()
         if stats.num_running == stats.num_waiting == 0:
             return
-        asyncio.run(asyncio.sleep(0.05))
+        time.sleep(0.05)
     raise AssertionError(f"engine still busy: {engine.stats()}")
 
 
