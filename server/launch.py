@@ -39,7 +39,7 @@ def _add_flag(parser: argparse.ArgumentParser, name: str, help: str, default: An
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of `atomk31 serve`."""
+    """The flags of `atomk31 serve`: the server's own, then the engine's."""
     _add_flag(parser, "host", f"address to listen on (default {DEFAULT_HOST})",
               default=DEFAULT_HOST)
     _add_flag(parser, "port", f"port to listen on (default {DEFAULT_PORT})", value_type=int,
@@ -48,7 +48,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
               f"path, or {DEFAULT_MODEL_NAME!r} for the built-in checkpoint)", default=None)
     _add_flag(parser, "api_key", "require 'Authorization: Bearer KEY' on /v1 routes",
               default=None)
+    add_engine_arguments(parser)
 
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine's flags (EngineConfig's fields), shared by `atomk31 serve` and the offline
+    benchmarks (`atomk31 bench latency | throughput`); `engine_config_from_args` reads them."""
     _add_flag(parser, "model", "checkpoint directory (default: the built-in tiny checkpoint)",
               default=None)
     _add_flag(parser, "block_size", "KV-cache block size in tokens, a power of two",

@@ -113,6 +113,29 @@ class Scheduler:
             for _, _, block_hash in item.snapshots:
                 self.snapshots.commit(block_hash)   # written by the step: now restorable
 
+    def place_computed(self, seq: Sequence, num_computed_tokens: int) -> bool:
+        """Benchmark hook (`atomk31 bench latency`): admit the waiting `seq` as if its first
+        `num_computed_tokens` tokens had been prefilled, without running them. It takes a state
+        slot and the blocks covering those tokens and skips the prefix cache; the caller writes
+        the cache rows and the KDA state. False, with nothing taken, when no slot, too few
+        blocks or no room under max_num_seqs is left."""
+        if seq not in self.waiting:
+            raise ValueError(f"{seq!r} is not waiting; place a sequence right after adding it")
+        if not 0 < num_computed_tokens < seq.num_tokens:
+            raise ValueError(f"num_computed_tokens must be in 1..{seq.num_tokens - 1} (at least "
+                             f"one token left to compute), got {num_computed_tokens}")
+        num_blocks = -(-num_computed_tokens // self.block_size)
+        if (self.state_pool.num_free_slots == 0 or len(self.running) >= self.max_num_seqs
+                or not self.block_pool.can_allocate(num_blocks)):
+            return False
+        self.waiting.remove(seq)
+        seq.state_slot = self.state_pool.allocate()
+        seq.block_table = self.block_pool.allocate(num_blocks)
+        seq.status = SequenceStatus.RUNNING
+        seq.num_computed_tokens = num_computed_tokens
+        self.running.append(seq)
+        return True
+
     # -- internals ----------------------------------------------------------------------
     def _admit(self, seq: Sequence) -> bool:
         """Give a waiting sequence a state slot and its cached prefix; False if none is free."""

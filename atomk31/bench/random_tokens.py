@@ -1,0 +1,58 @@
+"""Random workloads: lengths around a mean, and prompts of an exact token count (token ids,
+or text that the tokenizer encodes to exactly that many tokens).
+
+Ids are drawn uniformly from the tokenizer's ordinary (non-special) ids. Text comes from
+decoding such ids; since BPE re-merges across token boundaries, the text is re-encoded and
+corrected (cut to the target and decoded again, or extended with more random tokens) until it
+encodes to exactly n tokens, as vLLM's random dataset does; the few prompts that do not converge
+within MAX_TEXT_ROUNDS are reported by the caller through the returned token count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from atomk31.checkpoint import Tokenizer
+
+MAX_TEXT_ROUNDS = 10
+
+
+def ordinary_token_ids(tokenizer: Tokenizer) -> np.ndarray:
+    """Every id below vocab_size that is not a special token, ascending."""
+    ids = np.arange(tokenizer.vocab_size)
+    special = np.fromiter(tokenizer.special_token_ids, dtype=np.int64)
+    return ids[~np.isin(ids, special)]
+
+
+def random_token_ids(pool: np.ndarray, num_tokens: int, rng: np.random.Generator) -> list[int]:
+    """`num_tokens` ids drawn uniformly from `pool` (ordinary_token_ids)."""
+    return pool[rng.integers(0, len(pool), size=num_tokens)].tolist()
+
+
+def random_text(tokenizer: Tokenizer, pool: np.ndarray, num_tokens: int,
+                rng: np.random.Generator) -> tuple[str, int]:
+    """(text, its token count): text that `tokenizer` encodes to `num_tokens` tokens, or as
+    close as MAX_TEXT_ROUNDS corrections get (module docstring)."""
+    ids = random_token_ids(pool, num_tokens, rng)
+    text = tokenizer.decode(ids)
+    for _ in range(MAX_TEXT_ROUNDS):
+        ids = tokenizer.encode(text)
+        if len(ids) == num_tokens:
+            break
+        if len(ids) > num_tokens:
+            ids = ids[:num_tokens]
+        else:
+            ids = ids + random_token_ids(pool, num_tokens - len(ids), rng)
+        text = tokenizer.decode(ids)
+    return text, len(tokenizer.encode(text))
+
+
+def sample_lengths(num: int, mean: int, range_ratio: float,
+                   rng: np.random.Generator) -> list[int]:
+    """`num` lengths uniform in [floor(mean (1 - r)), ceil(mean (1 + r))], at least 1 (vLLM's
+    random dataset)."""
+    if not 0 <= range_ratio < 1:
+        raise ValueError(f"--range-ratio must be in [0, 1), got {range_ratio}")
+    low = max(1, int(np.floor(mean * (1 - range_ratio))))
+    high = max(low, int(np.ceil(mean * (1 + range_ratio))))
+    return rng.integers(low, high + 1, size=num).tolist()
