@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from atomk31.bench.ceilings import synchronize
@@ -104,7 +104,10 @@ def op_breakdown(events: list, step_key: str, on_gpu: bool) -> dict:
     ops = sorted(({"op": e.key[len(OP_PREFIX):], "calls": e.count, "ms": _total_ms(e, on_gpu),
                    "share": _total_ms(e, on_gpu) / step_ms if step_ms else 0.0}
                   for e in events if e.key.startswith(OP_PREFIX)), key=lambda r: -r["ms"])
-    inner = [e for e in events if not e.key.startswith((OP_PREFIX, STEP_PREFIX))]
+    # on a GPU the kernels themselves (not the torch ops that launched them, which would count
+    # each kernel twice); on a CPU the torch ops
+    inner = [e for e in events if not e.key.startswith((OP_PREFIX, STEP_PREFIX))
+             and (not on_gpu or getattr(e, "device_type", None) == DeviceType.CUDA)]
     top = sorted(inner, key=lambda e: -_self_ms(e, on_gpu))[:NUM_TOP_KERNELS]
     return {"time": "device" if on_gpu else "cpu", "step_ms": step_ms,
             "step_cpu_ms": step.cpu_time_total / 1e3, "ops": ops,

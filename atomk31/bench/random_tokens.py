@@ -1,20 +1,23 @@
 """Random workloads: lengths around a mean, and prompts of an exact token count (token ids,
 or text that the tokenizer encodes to exactly that many tokens).
 
-Ids are drawn uniformly from the tokenizer's ordinary (non-special) ids. Text comes from
-decoding such ids; since BPE re-merges across token boundaries, the text is re-encoded and
-corrected (cut to the target and decoded again, or extended with more random tokens) until it
-encodes to exactly n tokens, as vLLM's random dataset does; the few prompts that do not converge
-within MAX_TEXT_ROUNDS are reported by the caller through the returned token count.
+Ids are drawn uniformly from the tokenizer's ordinary (non-special) ids. Text is made of "word
+tokens": ids whose text is one space and letters (" were", " most") and that encode back to
+themselves alone. The pre-tokenizer cuts text before every such space, so BPE never merges two
+of them and n words encode to exactly n tokens; the count is checked, and corrected the way
+vLLM's random dataset does (re-encode, cut or extend, decode again) should a vocabulary break
+the rule.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import regex
 
 from atomk31.checkpoint import Tokenizer
 
 MAX_TEXT_ROUNDS = 10
+WORD_TEXT = regex.compile(r"^ \p{L}+$")
 
 
 def ordinary_token_ids(tokenizer: Tokenizer) -> np.ndarray:
@@ -29,11 +32,18 @@ def random_token_ids(pool: np.ndarray, num_tokens: int, rng: np.random.Generator
     return pool[rng.integers(0, len(pool), size=num_tokens)].tolist()
 
 
-def random_text(tokenizer: Tokenizer, pool: np.ndarray, num_tokens: int,
+def word_token_ids(tokenizer: Tokenizer, pool: np.ndarray) -> np.ndarray:
+    """The ids of `pool` whose text is a space and letters and encodes back to that id alone."""
+    words = [i for i in pool.tolist()
+             if WORD_TEXT.match(text := tokenizer.decode([i])) and tokenizer.encode(text) == [i]]
+    return np.asarray(words, dtype=np.int64)
+
+
+def random_text(tokenizer: Tokenizer, words: np.ndarray, num_tokens: int,
                 rng: np.random.Generator) -> tuple[str, int]:
-    """(text, its token count): text that `tokenizer` encodes to `num_tokens` tokens, or as
-    close as MAX_TEXT_ROUNDS corrections get (module docstring)."""
-    ids = random_token_ids(pool, num_tokens, rng)
+    """(text, its token count): text of `num_tokens` random word tokens (word_token_ids), which
+    encodes to `num_tokens` tokens (module docstring)."""
+    ids = random_token_ids(words, num_tokens, rng)
     text = tokenizer.decode(ids)
     for _ in range(MAX_TEXT_ROUNDS):
         ids = tokenizer.encode(text)
@@ -42,7 +52,7 @@ def random_text(tokenizer: Tokenizer, pool: np.ndarray, num_tokens: int,
         if len(ids) > num_tokens:
             ids = ids[:num_tokens]
         else:
-            ids = ids + random_token_ids(pool, num_tokens - len(ids), rng)
+            ids = ids + random_token_ids(words, num_tokens - len(ids), rng)
         text = tokenizer.decode(ids)
     return text, len(tokenizer.encode(text))
 

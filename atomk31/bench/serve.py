@@ -32,7 +32,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from atomk31.bench.random_tokens import (
-    ordinary_token_ids, random_text, random_token_ids, sample_lengths,
+    ordinary_token_ids, random_text, random_token_ids, sample_lengths, word_token_ids,
 )
 from atomk31.bench.serve_client import (
     CHAT, RequestResult, RequestSpec, endpoint_kind, request_body, send_request,
@@ -110,11 +110,17 @@ def build_requests(options: ServeOptions, tokenizer: Tokenizer) -> list[RequestS
     input_lens = sample_lengths(options.num_prompts, options.input_len, options.range_ratio, rng)
     output_lens = sample_lengths(options.num_prompts, options.output_len, options.range_ratio,
                                  rng)
+    is_chat = endpoint_kind(options.endpoint) == CHAT
     pool = ordinary_token_ids(tokenizer)
+    words = word_token_ids(tokenizer, pool) if is_chat else pool
+    if is_chat and len(words) == 0:
+        raise ServeBenchError("the tokenizer has no word tokens (a space and letters) to build "
+                              "text prompts of an exact length from; use --endpoint "
+                              "/v1/completions, which sends token ids")
     specs = []
     for n, m in zip(input_lens, output_lens):
-        if endpoint_kind(options.endpoint) == CHAT:
-            text, count = random_text(tokenizer, pool, n, rng)
+        if is_chat:
+            text, count = random_text(tokenizer, words, n, rng)
             specs.append(RequestSpec(text, count, m))
         else:
             specs.append(RequestSpec(random_token_ids(pool, n, rng), n, m))
