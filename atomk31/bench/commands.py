@@ -89,6 +89,8 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     _flag(parser, "tokenizer", type=Path, default=None,
           help="checkpoint directory holding the server's tokenizer (default: --model when it "
                "is a local directory, or the built-in checkpoint for its name)")
+    _flag(parser, "prompt_format", choices=["token-ids", "text"], default=None,
+          help="how prompts are sent (default: token ids on /v1/completions, text on chat)")
     _flag(parser, "dataset_name", choices=["random"], default="random")
     _flag(parser, "input_len", "--random-input-len", type=int, default=1024)
     _flag(parser, "output_len", "--random-output-len", type=int, default=128)
@@ -152,6 +154,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         output_len=args.output_len, num_prompts=args.num_prompts, range_ratio=args.range_ratio,
         seed=args.seed, max_concurrency=args.max_concurrency, request_rate=args.request_rate,
         ignore_eos=args.ignore_eos, temperature=args.temperature,
+        prompt_format=args.prompt_format,
         request_timeout=args.request_timeout, api_key=args.api_key,
         disable_tqdm=args.disable_tqdm)
     result = asyncio.run(benchmark(options, parse_percentiles(args.metric_percentiles),

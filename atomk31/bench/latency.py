@@ -29,7 +29,7 @@ from atomk31.bench.ceilings import Ceilings, synchronize
 from atomk31.bench.instrumented_ops import InstrumentedOpTable, watched_eager_steps
 from atomk31.bench.random_tokens import ordinary_token_ids, random_token_ids
 from atomk31.bench.roofline import StorageFormat, decode_step_bytes, prefill_flops
-from atomk31.bench.synthetic_context import place_batch
+from atomk31.bench.synthetic_context import CacheTooSmallError, place_batch
 from atomk31.engine.llm_engine import LLMEngine
 from atomk31.engine.sampling_params import SamplingParams
 
@@ -126,9 +126,9 @@ def measure_decode(engine: LLMEngine, batch_size: int, context: int, options: La
         for request_id in request_ids:
             engine.abort_request(request_id)
     if engine.scheduler.num_preemptions != preemptions:
-        raise RuntimeError(f"the engine preempted requests while decoding {batch_size} requests "
-                           f"at context {context}: the cache is too small for them; raise "
-                           "--kv-cache-memory / --gpu-memory-utilization")
+        raise CacheTooSmallError(f"the engine preempted requests while decoding {batch_size} "
+                                 f"requests at context {context}: the cache is too small for "
+                                 "them; raise --kv-cache-memory / --gpu-memory-utilization")
     middle = first_timed + options.num_steps // 2
     step_bytes = decode_step_bytes(engine.model_config, storage_format(engine),
                                    [middle] * batch_size, recorder.distinct_experts())

@@ -20,6 +20,8 @@ from atomk31.engine.cuda_graphs import why_no_decode_graphs
 from atomk31.engine.llm_engine import LLMEngine
 from atomk31.ops.registry import resolve_backend
 
+NUM_TOP_PRINTED = 8   # kernels / torch ops printed per profiled step (the JSON holds more)
+
 
 def engine_summary(engine: LLMEngine) -> dict:
     """What the engine flags resolved to on this device."""
@@ -48,11 +50,10 @@ def run_and_report_latency(engine: LLMEngine, options: LatencyOptions, profile: 
     print(format_latency(figures, summary))
     result = {"bench": "latency", "environment": environment(engine.device),
               "settings": settings, "engine": summary, "ceilings": ceilings.to_dict(), **figures}
-    if profile is not None:
-        first_decode = figures["decode"][0] if figures["decode"] else None
+    if profile is not None:   # the first decode figure's shape and the first prefill length
+        decode = figures["decode"][0] if figures["decode"] else {}
         result["profile"] = profile_steps(
-            engine, first_decode and first_decode["batch_size"],
-            first_decode and first_decode["context"],
+            engine, decode.get("batch_size"), decode.get("context"),
             options.prefill_lens[0] if options.prefill_lens else None, profile,
             np.random.default_rng(options.seed + 1))
         print(format_profile(result["profile"]))
@@ -132,6 +133,11 @@ def format_profile(profile: dict) -> str:
                      f"{p['outside_ops_ms']:.3f} ms")
         lines += [f"  {r['op']:<24} {r['calls']:>5} calls {r['ms']:>10.3f} ms {r['share']:>7.1%}"
                   for r in p["ops"]]
+        top = p.get("top_kernels", p.get("top_torch_ops", []))[:NUM_TOP_PRINTED]
+        if top:
+            lines.append("  by self time, " + ("kernels:" if "top_kernels" in p else "torch ops:"))
+            lines += [f"    {t['name'][:60]:<60} {t['calls']:>5} calls {t['self_ms']:>10.3f} ms"
+                      for t in top]
     return "\n".join(lines)
 
 

@@ -4,9 +4,10 @@
 Prompts. Every prompt has exactly its sampled number of tokens (--input-len within
 ±--range-ratio, vLLM's random dataset): on /v1/completions they are sent as token ids, which
 OpenAI-compatible completions endpoints (ours, vLLM's, SGLang's) accept; on
-/v1/chat/completions as text that the tokenizer encodes to that many tokens (random_tokens.py;
-the chat template then adds its own tokens, which the server's usage counts: the result's
-input_lens are the server's counts). The tokenizer is read from --tokenizer, else from the
+/v1/chat/completions (or with --prompt-format text) as text that the tokenizer encodes to
+exactly that many tokens (random_tokens.py: words of one token each). The chat template then
+adds its own tokens, which the server's usage counts: the result's input_lens are the server's
+counts. The tokenizer is read from --tokenizer, else from the
 served model id when it is a local checkpoint directory, else, for the built-in checkpoint's
 name, from the built-in checkpoint.
 
@@ -65,9 +66,14 @@ class ServeOptions:
     request_rate: float
     ignore_eos: bool
     temperature: float | None
+    prompt_format: str | None          # "token-ids" | "text" | None: by endpoint
     request_timeout: float
     api_key: str | None
     disable_tqdm: bool
+
+
+def auth_headers(options: ServeOptions) -> dict[str, str]:
+    return {"Authorization": f"Bearer {options.api_key}"} if options.api_key else {}
 
 
 async def first_model(client: httpx.AsyncClient, base_url: str, headers: dict[str, str]) -> str:
@@ -104,22 +110,32 @@ def resolve_tokenizer(tokenizer: Path | None, model: str) -> tuple[Tokenizer, st
         raise ServeBenchError(f"--tokenizer: {exc}") from exc
 
 
+def prompt_format(options: ServeOptions) -> str:
+    """"token-ids" (the default on /v1/completions) or "text" (the default, and the only form,
+    on /v1/chat/completions)."""
+    is_chat = endpoint_kind(options.endpoint) == CHAT
+    if options.prompt_format == "token-ids" and is_chat:
+        raise ServeBenchError("chat messages carry text: --prompt-format token-ids works with "
+                              "--endpoint /v1/completions only")
+    return options.prompt_format or ("text" if is_chat else "token-ids")
+
+
 def build_requests(options: ServeOptions, tokenizer: Tokenizer) -> list[RequestSpec]:
     """The random workload (module docstring)."""
     rng = np.random.default_rng(options.seed)
     input_lens = sample_lengths(options.num_prompts, options.input_len, options.range_ratio, rng)
     output_lens = sample_lengths(options.num_prompts, options.output_len, options.range_ratio,
                                  rng)
-    is_chat = endpoint_kind(options.endpoint) == CHAT
+    as_text = prompt_format(options) == "text"
     pool = ordinary_token_ids(tokenizer)
-    words = word_token_ids(tokenizer, pool) if is_chat else pool
-    if is_chat and len(words) == 0:
+    words = word_token_ids(tokenizer, pool) if as_text else pool
+    if as_text and len(words) == 0:
         raise ServeBenchError("the tokenizer has no word tokens (a space and letters) to build "
                               "text prompts of an exact length from; use --endpoint "
-                              "/v1/completions, which sends token ids")
+                              "/v1/completions with --prompt-format token-ids")
     specs = []
     for n, m in zip(input_lens, output_lens):
-        if is_chat:
+        if as_text:
             text, count = random_text(tokenizer, words, n, rng)
             specs.append(RequestSpec(text, count, m))
         else:
@@ -145,11 +161,11 @@ async def run_requests(options: ServeOptions, client: httpx.AsyncClient, model: 
     request order, wall seconds of the run)."""
     kind = endpoint_kind(options.endpoint)
     url = options.base_url + options.endpoint
-    headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else {}
+    headers = auth_headers(options)
     limit = (asyncio.Semaphore(options.max_concurrency) if options.max_concurrency
              else contextlib.nullcontext())
     delays = arrival_delays(len(specs), options.request_rate,
-                                  np.random.default_rng(options.seed + 1))
+                            np.random.default_rng(options.seed + 1))
     bar = tqdm(total=len(specs), disable=options.disable_tqdm, desc="requests")
 
     async def one(spec: RequestSpec, delay: float, start: float) -> RequestResult:
@@ -179,8 +195,7 @@ async def benchmark(options: ServeOptions, percentiles: list[float],
     timeout = httpx.Timeout(options.request_timeout, connect=min(options.request_timeout, 30.0))
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else {}
-        model = options.model or await first_model(client, base, headers)
+        model = options.model or await first_model(client, base, auth_headers(options))
         tokenizer, tokenizer_id = resolve_tokenizer(options.tokenizer, model)
         specs = build_requests(options, tokenizer)
         results, duration = await run_requests(options, client, model, specs)
@@ -194,8 +209,11 @@ async def benchmark(options: ServeOptions, percentiles: list[float],
         "base_url": base, "endpoint": options.endpoint, "model_id": model,
         "tokenizer_id": tokenizer_id, "num_prompts": options.num_prompts,
         "input_len": options.input_len, "output_len": options.output_len,
-        "range_ratio": options.range_ratio, "request_rate": options.request_rate,
+        "range_ratio": options.range_ratio,
+        # vLLM writes an unbounded rate as the string "inf" (JSON has no infinity)
+        "request_rate": options.request_rate if options.request_rate < float("inf") else "inf",
         "max_concurrency": options.max_concurrency, "ignore_eos": options.ignore_eos,
+        "prompt_format": prompt_format(options),
         "seed": options.seed, "percentiles": percentiles, "goodput": goodput or None,
         "duration": duration, **metrics,
         "input_lens": [r.prompt_len for r in results],
@@ -220,7 +238,8 @@ def error_summary(errors: list[str]) -> str:
 
 def report(result: dict, selected: list[str]) -> str:
     """The table, with the failures' errors above it."""
+    rate = result["request_rate"]
     table = format_report(result, result["duration"], result["max_concurrency"],
-                          result["request_rate"], selected, result["percentiles"])
+                          float(rate), selected, result["percentiles"])
     errors = error_summary(result["errors"])
     return f"{errors}\n{table}" if errors else table

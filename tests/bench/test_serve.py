@@ -12,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from atomk31.bench.serve import ServeBenchError, resolve_tokenizer
+import numpy as np
+
+from atomk31.bench.random_tokens import sample_lengths
+from atomk31.bench.serve import (
+    ServeBenchError, ServeOptions, prompt_format, resolve_tokenizer,
+)
 from atomk31.cli import main
 from atomk31.config import EngineConfig
 from server.app import create_app
@@ -64,6 +69,7 @@ def test_completions_at_concurrency_two_report_vllms_fields_and_counts(tiny_serv
     assert result["input_lens"] == [12] * 4 and result["output_lens"] == [5] * 4
     assert result["total_input_tokens"] == 48 and result["total_output_tokens"] == 20
     assert result["endpoint_type"] == "openai" and result["max_concurrency"] == 2
+    assert result["request_rate"] == "inf"                   # vLLM's spelling
     assert 1 <= result["max_concurrent_requests"] <= 2
     assert result["request_goodput"] == pytest.approx(result["request_throughput"])
     for ttft, itl, latency in zip(result["ttfts"], result["itls"], result["latencies"]):
@@ -81,6 +87,15 @@ def test_chat_with_poisson_arrivals_counts_the_templates_tokens(tiny_server, tmp
     assert all(n > 12 for n in result["input_lens"])   # the server's count: template included
     assert result["request_rate"] == 20
     assert_pools_free(tiny_server)
+
+
+def test_text_prompts_encode_to_exactly_the_input_length_on_the_server(tiny_server, tmp_path):
+    code, result = bench_serve(tiny_server, tmp_path / "r.json", "--prompt-format", "text",
+                               "--num-prompts", "3", "--input-len", "12", "--range-ratio", "0.5",
+                               "--output-len", "2", "--seed", "5")
+    assert code == 0 and result["prompt_format"] == "text"
+    expected = sample_lengths(3, 12, 0.5, np.random.default_rng(5))
+    assert result["input_lens"] == expected          # the server's own count of each prompt
 
 
 def test_a_wrong_model_name_fails_every_request_with_its_error(tiny_server, tiny_checkpoint,
@@ -102,6 +117,18 @@ def test_an_unreachable_server_is_a_setup_error(tmp_path, caplog):
         code = main(["bench", "serve", "--port", str(port), "--disable-tqdm"])
     assert code == 2
     assert f"could not list the models at http://127.0.0.1:{port}/v1/models" in caplog.text
+
+
+def test_chat_prompts_cannot_be_token_ids():
+    options = ServeOptions(base_url="http://x", endpoint="/v1/chat/completions", model="m",
+                           tokenizer=None, input_len=4, output_len=4, num_prompts=1,
+                           range_ratio=0.0, seed=0, max_concurrency=None,
+                           request_rate=float("inf"), ignore_eos=False, temperature=None,
+                           prompt_format="token-ids", request_timeout=1.0, api_key=None,
+                           disable_tqdm=True)
+    with pytest.raises(ServeBenchError, match="chat messages carry text: --prompt-format "
+                                              "token-ids works with --endpoint /v1/completions"):
+        prompt_format(options)
 
 
 def test_a_model_name_without_a_tokenizer_asks_for_one():
