@@ -4,7 +4,9 @@ engine: routes recorded per MoE layer, profiler ranges per op, the table put bac
 from __future__ import annotations
 
 import contextlib
+from types import SimpleNamespace
 
+import pytest
 import torch
 
 from atomk31.bench.instrumented_ops import (
@@ -75,3 +77,13 @@ def test_every_attribute_holding_the_table_is_swapped_and_restored():
     assert holder.children[1]["key"].ops is table
     with instrumented(object(), table, InstrumentedOpTable(table)) as swapped:
         assert swapped == 0
+
+
+def test_a_model_that_does_not_hold_the_table_cannot_be_watched():
+    table = select_ops("torch", "cpu")
+    engine = SimpleNamespace(runner=SimpleNamespace(graphs="graphs"), model=object(), ops=table)
+    with pytest.raises(RuntimeError, match="the model holds no reference to the engine's op "
+                                           "table, so its op calls cannot be watched"):
+        with watched_eager_steps(engine, InstrumentedOpTable(table)):
+            pass
+    assert engine.runner.graphs == "graphs"

@@ -3,6 +3,7 @@ counts, both endpoints, failures counted rather than raised, and an unreachable 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import socket
@@ -10,14 +11,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
+import httpx
 import numpy as np
+import pytest
 
 from atomk31.bench.random_tokens import sample_lengths
 from atomk31.bench.serve import (
-    ServeBenchError, ServeOptions, prompt_format, resolve_tokenizer,
+    ServeBenchError, ServeOptions, build_requests, first_model, prompt_format, resolve_tokenizer,
 )
+from atomk31.checkpoint import Tokenizer
 from atomk31.cli import main
 from atomk31.config import EngineConfig
 from server.app import create_app
@@ -136,3 +138,35 @@ def test_a_model_name_without_a_tokenizer_asks_for_one():
                                               r"'remote-model' uses; pass --tokenizer DIR"):
         resolve_tokenizer(None, "remote-model")
 
+
+
+def test_a_server_listing_no_model_asks_for_one():
+    def no_models(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"object": "list", "data": []})
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(no_models)) as client:
+            return await first_model(client, "http://server", {})
+
+    with pytest.raises(ServeBenchError, match=r"http://server/v1/models lists no model; pass "
+                                              r"--model NAME"):
+        asyncio.run(go())
+
+
+def test_a_tokenizer_directory_without_a_tokenizer_is_refused(tmp_path):
+    with pytest.raises(ServeBenchError, match=r"--tokenizer: no tiktoken.model in .*; pass the "
+                                              r"checkpoint directory"):
+        resolve_tokenizer(tmp_path, "m")
+
+
+def test_a_vocabulary_without_word_tokens_cannot_make_text_prompts():
+    byte_level = Tokenizer({bytes([i]): i for i in range(256)}, {})
+    options = ServeOptions(base_url="http://x", endpoint="/v1/chat/completions", model="m",
+                           tokenizer=None, input_len=4, output_len=4, num_prompts=1,
+                           range_ratio=0.0, seed=0, max_concurrency=None,
+                           request_rate=float("inf"), ignore_eos=False, temperature=None,
+                           prompt_format=None, request_timeout=1.0, api_key=None,
+                           disable_tqdm=True)
+    with pytest.raises(ServeBenchError, match=r"the tokenizer has no word tokens .* use "
+                                              r"--endpoint /v1/completions"):
+        build_requests(options, byte_level)
