@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from atomk31.ops.registry import register
+from atomk31.ops.requirements import needs_gpu
 
 # §9 #3: the KDA l2 norms of q and k use 1e-6.
 L2_NORM_EPS = 1e-6
@@ -193,32 +194,8 @@ def check_snapshot_rows(
 
 register("kda_gate", "torch", kda_gate_torch)
 register("kda_decode", "torch", kda_decode_torch)
+register("kda_decode", "triton", "atomk31.triton_kernels.kda_decode:kda_decode_triton",
+         why_not=needs_gpu)
 register("kda_verify", "torch", kda_verify_torch)
-
-
-# Triton implementations (atomk31/triton_kernels/kda_decode.py), imported on first call so
-# that importing the ops compiles nothing and tests can choose the Triton interpreter.
-def _needs_gpu(device: torch.device) -> str | None:
-    return None if device.type == "cuda" else "needs a CUDA or ROCm GPU"
-
-
-def kda_decode_triton(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    state: torch.Tensor, scale: float,
-) -> torch.Tensor:
-    from atomk31.triton_kernels.kda_decode import kda_decode_triton as kernel
-
-    return kernel(q, k, v, g, beta, state, scale)
-
-
-def kda_verify_triton(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    state: torch.Tensor, scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    from atomk31.triton_kernels.kda_decode import kda_verify_triton as kernel
-
-    return kernel(q, k, v, g, beta, state, scale)
-
-
-register("kda_decode", "triton", kda_decode_triton, _needs_gpu)
-register("kda_verify", "triton", kda_verify_triton, _needs_gpu)
+register("kda_verify", "triton", "atomk31.triton_kernels.kda_decode:kda_verify_triton",
+         why_not=needs_gpu)

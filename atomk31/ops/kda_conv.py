@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from atomk31.ops.kda import check_cu_seqlens, check_snapshot_rows
 from atomk31.ops.registry import register
+from atomk31.ops.requirements import READS_DEVICE, needs_gpu
 
 
 def short_conv_silu_torch(
@@ -139,32 +140,9 @@ def _check_conv_inputs(
         )
 
 
-register("short_conv_silu", "torch", short_conv_silu_torch)
-register("conv_state_after", "torch", conv_state_after_torch)
-
-
-# Triton implementations (atomk31/triton_kernels/kda_conv.py), imported on first call.
-def _needs_gpu(device: torch.device) -> str | None:
-    return None if device.type == "cuda" else "needs a CUDA or ROCm GPU"
-
-
-def short_conv_silu_triton(
-    z: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, cu_seqlens: torch.Tensor,
-    has_initial_state: torch.Tensor,
-) -> torch.Tensor:
-    from atomk31.triton_kernels.kda_conv import short_conv_silu_triton as kernel
-
-    return kernel(z, weight, conv_state, cu_seqlens, has_initial_state)
-
-
-def conv_state_after_triton(
-    z: torch.Tensor, conv_state: torch.Tensor, cu_seqlens: torch.Tensor,
-    has_initial_state: torch.Tensor, snapshot_at: torch.Tensor,
-) -> torch.Tensor:
-    from atomk31.triton_kernels.kda_conv import conv_state_after_triton as kernel
-
-    return kernel(z, conv_state, cu_seqlens, has_initial_state, snapshot_at)
-
-
-register("short_conv_silu", "triton", short_conv_silu_triton, _needs_gpu)
-register("conv_state_after", "triton", conv_state_after_triton, _needs_gpu)
+register("short_conv_silu", "torch", short_conv_silu_torch, not_in_graph=READS_DEVICE)
+register("short_conv_silu", "triton", "atomk31.triton_kernels.kda_conv:short_conv_silu_triton",
+         why_not=needs_gpu)
+register("conv_state_after", "torch", conv_state_after_torch, not_in_graph=READS_DEVICE)
+register("conv_state_after", "triton", "atomk31.triton_kernels.kda_conv:conv_state_after_triton",
+         why_not=needs_gpu)
