@@ -152,7 +152,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from atomk31.bench.commands import run_bench
 
-    return run_bench(args)
+    return run_bench(args, ensure_default_model)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -119,21 +120,23 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     _flag(parser, "result_file", type=Path, default=None, help="write the results as JSON")
 
 
-def run_bench(args: argparse.Namespace) -> int:
-    """Run `atomk31 bench <command>`; -> the exit code (2: bad flags or setup)."""
+def run_bench(args: argparse.Namespace, builtin_checkpoint: Callable[[], Path]) -> int:
+    """Run `atomk31 bench <command>`; -> the exit code (2: bad flags or setup).
+    `builtin_checkpoint()` is the built-in tiny checkpoint's directory (made on first use):
+    the offline benchmarks' default --model, and the tokenizer of a server serving it."""
     runners = {"serve": _run_serve, "latency": _run_latency, "throughput": _run_throughput}
     from atomk31.bench.serve import ServeBenchError
     from atomk31.bench.synthetic_context import CacheTooSmallError
     from atomk31.config import ConfigError
 
     try:
-        return runners[args.bench_command](args)
+        return runners[args.bench_command](args, builtin_checkpoint)
     except (ConfigError, ServeBenchError, CacheTooSmallError, ValueError) as exc:
         logger.error("%s", exc)
         return 2
 
 
-def _run_serve(args: argparse.Namespace) -> int:
+def _run_serve(args: argparse.Namespace, builtin_checkpoint: Callable[[], Path]) -> int:
     from atomk31.bench.environment import write_result_file
     from atomk31.bench.serve import ServeOptions, benchmark, report
     from atomk31.bench.serve_metrics import METRICS, parse_goodput, parse_percentiles
@@ -158,7 +161,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         request_timeout=args.request_timeout, api_key=args.api_key,
         disable_tqdm=args.disable_tqdm)
     result = asyncio.run(benchmark(options, parse_percentiles(args.metric_percentiles),
-                                   parse_goodput(args.goodput)))
+                                   parse_goodput(args.goodput), builtin_checkpoint))
     print(report(result, selected))
     if args.result_file is not None:
         write_result_file(args.result_file, result)
@@ -166,7 +169,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0 if result["completed"] else 1
 
 
-def _run_latency(args: argparse.Namespace) -> int:
+def _run_latency(args: argparse.Namespace, builtin_checkpoint: Callable[[], Path]) -> int:
     from atomk31.bench.latency import LatencyOptions
     from atomk31.bench.offline_report import run_and_report_latency
 
@@ -177,25 +180,26 @@ def _run_latency(args: argparse.Namespace) -> int:
                              prefill_lens=args.prefill_lens, num_steps=args.num_steps,
                              warmup_steps=args.warmup_steps,
                              num_prefill_runs=args.num_prefill_runs, seed=args.seed)
-    return run_and_report_latency(_engine(args), options, args.profile, args.result_file,
+    return run_and_report_latency(_engine(args, builtin_checkpoint), options, args.profile,
+                                  args.result_file,
                                   settings=_settings(args))
 
 
-def _run_throughput(args: argparse.Namespace) -> int:
+def _run_throughput(args: argparse.Namespace, builtin_checkpoint: Callable[[], Path]) -> int:
     from atomk31.bench.offline_report import run_and_report_throughput
 
     _check_positive(args, "num_prompts", "input_len", "output_len")
-    return run_and_report_throughput(_engine(args), args.num_prompts, args.input_len,
+    return run_and_report_throughput(_engine(args, builtin_checkpoint), args.num_prompts,
+                                     args.input_len,
                                      args.output_len, args.range_ratio, args.seed,
                                      args.result_file, settings=_settings(args))
 
 
-def _engine(args: argparse.Namespace):
-    from atomk31.cli import ensure_default_model
+def _engine(args: argparse.Namespace, builtin_checkpoint: Callable[[], Path]):
     from atomk31.engine.llm_engine import LLMEngine
     from server.launch import engine_config_from_args
 
-    model = str(args.model) if args.model is not None else str(ensure_default_model())
+    model = str(args.model) if args.model is not None else str(builtin_checkpoint())
     return LLMEngine(engine_config_from_args(args, model))
 
 

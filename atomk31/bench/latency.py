@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from atomk31.bench.ceilings import Ceilings, synchronize
-from atomk31.bench.instrumented_ops import InstrumentedOpTable, watched_eager_steps
+from atomk31.bench.instrumented_ops import OpWatcher, watched_eager_steps
 from atomk31.bench.random_tokens import ordinary_token_ids, random_token_ids
 from atomk31.bench.roofline import StorageFormat, decode_step_bytes, prefill_flops
 from atomk31.bench.synthetic_context import CacheTooSmallError, place_batch
@@ -116,7 +116,7 @@ def measure_decode(engine: LLMEngine, batch_size: int, context: int, options: La
     try:
         for _ in range(options.warmup_steps):
             engine.step()
-        recorder = InstrumentedOpTable(engine.ops, record_routes=True)
+        recorder = OpWatcher(record_routes=True)
         with watched_eager_steps(engine, recorder):
             engine.step()
         replays = _graph_replays(engine)

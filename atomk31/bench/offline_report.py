@@ -16,9 +16,7 @@ from atomk31.bench.environment import environment, write_result_file
 from atomk31.bench.latency import LatencyOptions, run_latency
 from atomk31.bench.op_profile import profile_steps
 from atomk31.bench.throughput import run_throughput
-from atomk31.engine.cuda_graphs import why_no_decode_graphs
 from atomk31.engine.llm_engine import LLMEngine
-from atomk31.ops.registry import resolve_backend
 
 NUM_TOP_PRINTED = 8   # kernels / torch ops printed per profiled step (the JSON holds more)
 
@@ -26,12 +24,13 @@ NUM_TOP_PRINTED = 8   # kernels / torch ops printed per profiled step (the JSON 
 def engine_summary(engine: LLMEngine) -> dict:
     """What the engine flags resolved to on this device."""
     rc, options = engine.config, engine.config.options
-    why_eager = why_no_decode_graphs(engine.device, options.kernel_backend, options.enforce_eager)
+    why_eager = engine.why_eager
     graphs = engine.runner.graphs
     if why_eager is None and graphs is not None and not getattr(graphs, "enabled", True):
         why_eager = "graph capture failed (see the log)"
     return {"model": options.model, "device": str(engine.device),
-            "kernel_backend": resolve_backend(options.kernel_backend, engine.device),
+            "kernel_backend": engine.kernels.backend,
+            "kernel_target": engine.kernels.context.target.name,
             "compute_dtype": rc.compute_dtype, "latent_cache_dtype": rc.latent_cache_dtype,
             "index_cache_format": rc.index_cache_format, "block_size": options.block_size,
             "max_model_len": rc.max_model_len,

@@ -23,7 +23,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from atomk31.bench.ceilings import synchronize
 from atomk31.bench.environment import write_result_file
-from atomk31.bench.instrumented_ops import InstrumentedOpTable, watched_eager_steps
+from atomk31.bench.instrumented_ops import OpWatcher, watched_eager_steps
 from atomk31.bench.random_tokens import ordinary_token_ids, random_token_ids
 from atomk31.bench.synthetic_context import place_batch
 from atomk31.engine.llm_engine import LLMEngine
@@ -56,7 +56,7 @@ def _profile_decode(engine: LLMEngine, batch_size: int, context: int, trace: Pat
                     rng: np.random.Generator) -> dict:
     # the profiled step attends context - 1 keys, as latency.py's timed steps end (no block end)
     request_ids = place_batch(engine, batch_size, context - 2, 2, rng)
-    wrapper = InstrumentedOpTable(engine.ops, annotate=True)
+    wrapper = OpWatcher(annotate=True)
     try:
         with watched_eager_steps(engine, wrapper):
             engine.step()                                 # compiles the eager kernels
@@ -71,7 +71,7 @@ def _profile_prefill(engine: LLMEngine, num_tokens: int, trace: Path,
                      rng: np.random.Generator) -> dict:
     prompt = random_token_ids(ordinary_token_ids(engine.tokenizer), num_tokens, rng)
     request_id = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=1))
-    wrapper = InstrumentedOpTable(engine.ops, annotate=True)
+    wrapper = OpWatcher(annotate=True)
     try:
         with watched_eager_steps(engine, wrapper):
             breakdown = _profile_one_step(engine, "prefill", trace)

@@ -25,6 +25,7 @@ import datetime as dt
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,15 +92,17 @@ async def first_model(client: httpx.AsyncClient, base_url: str, headers: dict[st
     return models[0]["id"]
 
 
-def resolve_tokenizer(tokenizer: Path | None, model: str) -> tuple[Tokenizer, str]:
-    """(tokenizer, where it came from) by the rule of the module docstring."""
-    from atomk31.cli import ensure_default_model
+def resolve_tokenizer(tokenizer: Path | None, model: str,
+                      builtin_checkpoint: Callable[[], Path] | None = None
+                      ) -> tuple[Tokenizer, str]:
+    """(tokenizer, where it came from) by the rule of the module docstring;
+    `builtin_checkpoint()` is the built-in checkpoint's directory."""
     from server.launch import DEFAULT_MODEL_NAME
 
     if tokenizer is None and Path(model).is_dir():
         tokenizer = Path(model)
-    if tokenizer is None and model == DEFAULT_MODEL_NAME:
-        tokenizer = ensure_default_model()
+    if tokenizer is None and model == DEFAULT_MODEL_NAME and builtin_checkpoint is not None:
+        tokenizer = builtin_checkpoint()
     if tokenizer is None:
         raise ServeBenchError(f"cannot tell which tokenizer the model {model!r} uses; pass "
                               "--tokenizer DIR (the checkpoint directory the server serves) so "
@@ -187,8 +190,8 @@ async def run_requests(options: ServeOptions, client: httpx.AsyncClient, model: 
     return list(results), duration
 
 
-async def benchmark(options: ServeOptions, percentiles: list[float],
-                    goodput: dict[str, float]) -> dict:
+async def benchmark(options: ServeOptions, percentiles: list[float], goodput: dict[str, float],
+                    builtin_checkpoint: Callable[[], Path] | None = None) -> dict:
     """The whole run; -> the result (metrics, per-request lists, settings)."""
     base = options.base_url.rstrip("/")
     options = ServeOptions(**{**vars(options), "base_url": base})
@@ -196,7 +199,7 @@ async def benchmark(options: ServeOptions, percentiles: list[float],
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         model = options.model or await first_model(client, base, auth_headers(options))
-        tokenizer, tokenizer_id = resolve_tokenizer(options.tokenizer, model)
+        tokenizer, tokenizer_id = resolve_tokenizer(options.tokenizer, model, builtin_checkpoint)
         specs = build_requests(options, tokenizer)
         results, duration = await run_requests(options, client, model, specs)
     for result in results:

@@ -69,9 +69,10 @@ def write_random_cache(engine: LLMEngine, seq: Sequence, num_tokens: int,
             latent = _randn(len(positions), config.latent_dim, generator, engine)
             key = (_randn(len(positions), config.index_head_dim, generator, engine)
                    if config.has_indexer else None)
-            engine.ops.kv_write(latent, key, slots, view.latent, view.latent_scale,
-                                view.index_values, view.index_scales,
-                                engine.config.index_cache_format, engine.config.fp8_variant)
+            engine.kernels.eager.kv_write(latent, key, slots, view.latent, view.latent_scale,
+                                         view.index_values, view.index_scales,
+                                         engine.config.index_cache_format,
+                                         engine.config.fp8_variant)
     state = engine.state_pool
     state.recurrent[:, seq.state_slot].normal_(0.0, STATE_STD, generator=generator)
     state.conv[:, seq.state_slot].normal_(0.0, 1.0, generator=generator)
