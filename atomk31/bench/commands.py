@@ -15,6 +15,8 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from atomk31.bench.errors import BenchmarkError
+
 logger = logging.getLogger(__name__)
 
 SERVE_DEFAULT_URL = "http://127.0.0.1:8000"
@@ -125,13 +127,12 @@ def run_bench(args: argparse.Namespace, builtin_checkpoint: Callable[[], Path]) 
     `builtin_checkpoint()` is the built-in tiny checkpoint's directory (made on first use):
     the offline benchmarks' default --model, and the tokenizer of a server serving it."""
     runners = {"serve": _run_serve, "latency": _run_latency, "throughput": _run_throughput}
-    from atomk31.bench.serve import ServeBenchError
-    from atomk31.bench.synthetic_context import CacheTooSmallError
     from atomk31.config import ConfigError
+    from atomk31.engine.llm_engine import PromptTooLongError
 
     try:
         return runners[args.bench_command](args, builtin_checkpoint)
-    except (ConfigError, ServeBenchError, CacheTooSmallError, ValueError) as exc:
+    except (ConfigError, BenchmarkError, PromptTooLongError) as exc:
         logger.error("%s", exc)
         return 2
 
@@ -144,13 +145,14 @@ def _run_serve(args: argparse.Namespace, builtin_checkpoint: Callable[[], Path])
     selected = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
     unknown = sorted(set(selected) - set(METRICS))
     if unknown:
-        raise ValueError(f"--percentile-metrics: unknown {unknown}; choose from "
+        raise BenchmarkError(f"--percentile-metrics: unknown {unknown}; choose from "
                          f"{', '.join(METRICS)}")
     _check_positive(args, "input_len", "output_len", "num_prompts", "request_timeout")
     if args.max_concurrency is not None and args.max_concurrency < 1:
-        raise ValueError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
+        raise BenchmarkError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
     if not args.request_rate > 0:
-        raise ValueError(f"--request-rate must be > 0 (inf: all at once), got {args.request_rate}")
+        raise BenchmarkError(f"--request-rate must be > 0 (inf: all at once), got "
+                             f"{args.request_rate}")
     options = ServeOptions(
         base_url=args.base_url or f"http://{args.host}:{args.port}", endpoint=args.endpoint,
         model=args.model, tokenizer=args.tokenizer, input_len=args.input_len,
@@ -175,7 +177,7 @@ def _run_latency(args: argparse.Namespace, builtin_checkpoint: Callable[[], Path
 
     _check_positive(args, "num_steps", "num_prefill_runs")
     if args.warmup_steps < 0:
-        raise ValueError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
+        raise BenchmarkError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
     options = LatencyOptions(batch_sizes=args.batch_sizes, context_lens=args.context_lens,
                              prefill_lens=args.prefill_lens, num_steps=args.num_steps,
                              warmup_steps=args.warmup_steps,
@@ -206,7 +208,8 @@ def _engine(args: argparse.Namespace, builtin_checkpoint: Callable[[], Path]):
 def _check_positive(args: argparse.Namespace, *names: str) -> None:
     for name in names:
         if not getattr(args, name) > 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+            raise BenchmarkError(f"--{name.replace('_', '-')} must be > 0, got "
+                                 f"{getattr(args, name)}")
 
 
 def _settings(args: argparse.Namespace) -> dict:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from atomk31.bench.ceilings import Ceilings, synchronize
+from atomk31.bench.errors import BenchmarkError
 from atomk31.bench.instrumented_ops import OpWatcher, watched_eager_steps
 from atomk31.bench.random_tokens import ordinary_token_ids, random_token_ids
 from atomk31.bench.roofline import StorageFormat, decode_step_bytes, prefill_flops
@@ -91,7 +92,8 @@ def measure_prefill(engine: LLMEngine, num_tokens: int, num_runs: int, ceilings:
     return {"num_tokens": num_tokens, "mode": "real prefill", "num_chunks": num_chunks,
             "ttft_ms": ttft * 1e3, "ttft_ms_runs": [s * 1e3 for s in runs],
             "flops": flops.total, "flops_by_part": vars(flops),
-            "flop_per_s": flops.total / ttft, "mfu": flops.total / ttft / ceilings.matmul_flop_per_s}
+            "flop_per_s": flops.total / ttft,
+            "mfu": flops.total / ttft / ceilings.matmul_flop_per_s}
 
 
 def decode_window(context: int, num_steps: int, warmup_steps: int) -> tuple[int, int]:
@@ -100,7 +102,7 @@ def decode_window(context: int, num_steps: int, warmup_steps: int) -> tuple[int,
     window = warmup_steps + 1 + num_steps
     first = context - window
     if first < 1:
-        raise ValueError(f"context {context} is too short for {warmup_steps} warm-up, one "
+        raise BenchmarkError(f"context {context} is too short for {warmup_steps} warm-up, one "
                          f"counting and {num_steps} timed steps; pass --context-lens of at least "
                          f"{window + 1} or fewer --num-steps / --warmup-steps")
     return first, first + warmup_steps + 1
@@ -134,6 +136,11 @@ def measure_decode(engine: LLMEngine, batch_size: int, context: int, options: La
                                    [middle] * batch_size, recorder.distinct_experts())
     stats = step_stats(times)
     seconds = stats["median"] * 1e-3
+    notes = _window_notes(engine, first_timed, options.num_steps)
+    if engine.runner.graphs is not None and replays < options.num_steps:
+        refused = sorted(set(getattr(engine.runner.graphs, "refused", {}).values()))
+        notes.append("CUDA graphs are on, but timed steps ran eagerly"
+                     + (f": {'; '.join(refused)}" if refused else ""))
     return {"batch_size": batch_size, "context": context, "context_source": "synthetic",
             "mode": _decode_mode(replays, options.num_steps),
             "first_context": first_timed, "last_context": first_timed + options.num_steps - 1,
@@ -142,7 +149,7 @@ def measure_decode(engine: LLMEngine, batch_size: int, context: int, options: La
             "bytes": {**vars(step_bytes), "total": step_bytes.total},
             "bytes_per_s": step_bytes.total / seconds,
             "mbu": step_bytes.total / seconds / ceilings.copy_bytes_per_s,
-            "notes": _window_notes(engine, first_timed, options.num_steps)}
+            "notes": notes}
 
 
 def _graph_replays(engine: LLMEngine) -> int:
@@ -179,7 +186,7 @@ def run_latency(engine: LLMEngine, options: LatencyOptions, ceilings: Ceilings) 
     too_long = [n for n in options.prefill_lens if n >= limit] + \
         [n for n in options.context_lens if n > limit]
     if too_long:
-        raise ValueError(f"--prefill-lens / --context-lens {too_long} do not fit the context "
+        raise BenchmarkError(f"--prefill-lens / --context-lens {too_long} do not fit the context "
                          f"length of {limit} tokens (a prefill also samples one token); pass "
                          "shorter lengths or a larger --max-model-len")
     prefill = [measure_prefill(engine, n, options.num_prefill_runs, ceilings, rng)

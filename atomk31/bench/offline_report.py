@@ -95,8 +95,9 @@ def _header(bench: str, engine: LLMEngine, summary: dict, ceilings: Ceilings) ->
         f"({summary['kernel_backend']} kernels, {_name(summary['compute_dtype'])}, {quant}; "
         f"latent cache {_name(summary['latent_cache_dtype'])}, index keys "
         f"{summary['index_cache_format']}; {_mode_text(summary)})",
-        f"ceilings measured now on {ceilings.device}: copy {_rate(ceilings.copy_bytes_per_s, 'B/s')}"
-        f", matmul {_rate(ceilings.matmul_flop_per_s, 'FLOP/s')} ({ceilings.label})"])
+        f"ceilings measured now on {ceilings.device}: copy "
+        f"{_rate(ceilings.copy_bytes_per_s, 'B/s')}, matmul "
+        f"{_rate(ceilings.matmul_flop_per_s, 'FLOP/s')} ({ceilings.label})"])
 
 
 def format_latency(figures: dict, summary: dict) -> str:

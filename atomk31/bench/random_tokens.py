@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import regex
 
+from atomk31.bench.errors import BenchmarkError
 from atomk31.checkpoint import Tokenizer
 
 MAX_TEXT_ROUNDS = 10
@@ -62,7 +63,7 @@ def sample_lengths(num: int, mean: int, range_ratio: float,
     """`num` lengths uniform in [floor(mean (1 - r)), ceil(mean (1 + r))], at least 1 (vLLM's
     random dataset)."""
     if not 0 <= range_ratio < 1:
-        raise ValueError(f"--range-ratio must be in [0, 1), got {range_ratio}")
+        raise BenchmarkError(f"--range-ratio must be in [0, 1), got {range_ratio}")
     low = max(1, int(np.floor(mean * (1 - range_ratio))))
     high = max(low, int(np.ceil(mean * (1 + range_ratio))))
     return rng.integers(low, high + 1, size=num).tolist()

@@ -33,6 +33,7 @@ import httpx
 import numpy as np
 from tqdm.auto import tqdm
 
+from atomk31.bench.errors import BenchmarkError
 from atomk31.bench.random_tokens import (
     ordinary_token_ids, random_text, random_token_ids, sample_lengths, word_token_ids,
 )
@@ -48,7 +49,7 @@ MODELS_TIMEOUT_S = 30.0
 MAX_ERRORS_SHOWN = 10
 
 
-class ServeBenchError(RuntimeError):
+class ServeBenchError(BenchmarkError):
     """The benchmark cannot start (server unreachable, no model, no tokenizer)."""
 
 

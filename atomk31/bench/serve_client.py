@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from atomk31.bench.errors import BenchmarkError
+
 MAX_ERROR_CHARS = 500
 COMPLETIONS, CHAT = "completions", "chat"
 
@@ -56,7 +58,7 @@ def endpoint_kind(endpoint: str) -> str:
         return CHAT
     if endpoint.rstrip("/").endswith("completions"):
         return COMPLETIONS
-    raise ValueError(f"--endpoint must end with /completions or /chat/completions, got "
+    raise BenchmarkError(f"--endpoint must end with /completions or /chat/completions, got "
                      f"{endpoint!r}")
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from atomk31.bench.errors import BenchmarkError
 from atomk31.bench.serve_client import RequestResult
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -35,7 +36,7 @@ def parse_goodput(pairs: list[str] | None) -> dict[str, float]:
         except ValueError:
             slos[name] = -1.0
         if name not in ("ttft", "tpot", "e2el") or not slos[name] >= 0:
-            raise ValueError(f"--goodput takes KEY:MILLISECONDS pairs with KEY one of ttft, "
+            raise BenchmarkError(f"--goodput takes KEY:MILLISECONDS pairs with KEY one of ttft, "
                              f"tpot, e2el and a non-negative number, got {pair!r}")
     return slos
 
@@ -47,7 +48,7 @@ def parse_percentiles(text: str) -> list[float]:
     except ValueError:
         values = []
     if not values or not all(0 < p <= 100 for p in values):
-        raise ValueError(f"--metric-percentiles takes comma-separated numbers in (0, 100], "
+        raise BenchmarkError(f"--metric-percentiles takes comma-separated numbers in (0, 100], "
                          f"e.g. 50,90,99; got {text!r}")
     return values
 
@@ -116,8 +117,8 @@ def format_report(metrics: dict, duration: float, max_concurrency: int | None,
         lines.append("{:-^50}".format(title))
         row(f"Mean {short} (ms):", metrics[f"mean_{name}_ms"])
         row(f"Median {short} (ms):", metrics[f"median_{name}_ms"])
-        for p in percentiles:
-            row(f"P{_percentile_name(p)} {short} (ms):", metrics[f"p{_percentile_name(p)}_{name}_ms"])
+        for p in map(_percentile_name, percentiles):
+            row(f"P{p} {short} (ms):", metrics[f"p{p}_{name}_ms"])
     lines.append("=" * 50)
     return "\n".join(lines)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from atomk31.bench.errors import BenchmarkError
 from atomk31.bench.random_tokens import ordinary_token_ids, random_token_ids
 from atomk31.engine.llm_engine import LLMEngine
 from atomk31.engine.sampling_params import SamplingParams
@@ -24,7 +25,7 @@ FILL_CHUNK_TOKENS = 1 << 15   # rows written per kv_write call (bounds the tempo
 STATE_STD = 0.1               # spread of the random recurrent state (keeps outputs finite)
 
 
-class CacheTooSmallError(ValueError):
+class CacheTooSmallError(BenchmarkError):
     """The engine's cache cannot hold the requested batch at the requested context."""
 
 
@@ -35,7 +36,7 @@ def place_batch(engine: LLMEngine, num_requests: int, first_context: int, num_st
     (module docstring); -> their request ids. Raises CacheTooSmallError (nothing left placed)
     when the cache cannot hold them through those steps."""
     if first_context < 1:
-        raise ValueError(f"first_context must be >= 1, got {first_context}")
+        raise BenchmarkError(f"first_context must be >= 1, got {first_context}")
     _check_room(engine, num_requests, first_context + num_steps - 1)
     pool = ordinary_token_ids(engine.tokenizer)
     params = SamplingParams(temperature=0.0, max_tokens=num_steps, ignore_eos=True)

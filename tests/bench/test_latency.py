@@ -72,3 +72,25 @@ def test_storage_format_says_what_the_cpu_engine_stores(engine):
     fmt = storage_format(engine)
     assert fmt.compute_dtype == torch.float32 and fmt.latent_dtype == torch.float32
     assert fmt.index_format == "fp8" and fmt.experts_mxfp4 and fmt.online_quant_config is None
+
+
+class RefusingGraphs:
+    """Stands in for DecodeGraphs (CPU has none): every shape refused, so steps run eagerly."""
+
+    buckets = [32, 64, 4096]
+    refused = {(2, 64): "replay differs from the eager step by 1e-1"}
+    num_replays = 0
+
+    def run(self, scheduled):
+        return None
+
+
+def test_eager_steps_under_graphs_and_crossed_buckets_are_noted(engine, monkeypatch):
+    monkeypatch.setattr(engine.runner, "graphs", RefusingGraphs())
+    d = measure_decode(engine, 2, 34, options(), CEILINGS, np.random.default_rng(3))
+    assert d["mode"] == "eager" and (d["first_context"], d["last_context"]) == (32, 33)
+    assert d["notes"] == [
+        "1 timed step(s) end a block and take a KDA prefix snapshot",
+        "the timed steps span graph context buckets [32, 64]",
+        "CUDA graphs are on, but timed steps ran eagerly: replay differs from the eager step "
+        "by 1e-1"]

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 
 from atomk31.checkpoint import Tokenizer
 from atomk31.config import EngineConfig
-from atomk31.engine.async_engine import AsyncEngine, EngineStats
+from atomk31.engine.async_engine import EngineStats
 from atomk31.engine.llm_engine import LLMEngine
 from atomk31.engine.outputs import CompletionOutput, RequestOutput
 from atomk31.engine.sampling_params import SamplingParams
