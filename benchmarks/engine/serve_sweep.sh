@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `atomk31 bench serve` at several concurrencies against a server started here (issue 17):
 # starts `atomk31 serve --model MODEL`, waits for /health, runs one benchmark per concurrency
-# (input 2048, output 256, ignore_eos, 4 requests per slot, at least 8) writing
-# OUT_DIR/serve_c<C>.json, then stops the server. Extra arguments go to `atomk31 serve`
+# (prompts of $INPUT_LEN tokens, default 2048, generating $OUTPUT_LEN, default 256, with
+# ignore_eos; 4 requests per slot, at least 8) writing OUT_DIR/serve_c<C>.json, then stops the
+# server ($PORT, default 8123). Extra arguments go to `atomk31 serve`
 # (e.g. --online-quant-config '{"global_quant_config": "ptpc_fp8"}').
 #
 #   bash benchmarks/engine/serve_sweep.sh MODEL OUT_DIR [CONCURRENCIES] [serve flags ...]
@@ -12,6 +13,8 @@ out=$2
 concurrencies=${3:-1,16,64}
 shift $(( $# < 3 ? $# : 3 ))
 port=${PORT:-8123}
+input_len=${INPUT_LEN:-2048}
+output_len=${OUTPUT_LEN:-256}
 mkdir -p "$out"
 python3 -m atomk31.cli serve --model "$model" --port "$port" "$@" > "$out/server.log" 2>&1 &
 server=$!
@@ -25,6 +28,6 @@ done
 for c in ${concurrencies//,/ }; do
     prompts=$(( c * 4 > 8 ? c * 4 : 8 ))
     python3 -m atomk31.cli bench serve --port "$port" --max-concurrency "$c" \
-        --num-prompts "$prompts" --input-len 2048 --output-len 256 --ignore-eos \
+        --num-prompts "$prompts" --input-len "$input_len" --output-len "$output_len" --ignore-eos \
         --metric-percentiles 50,90,99 --disable-tqdm --result-file "$out/serve_c$c.json"
 done
