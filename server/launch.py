@@ -83,6 +83,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     _add_flag(parser, "online_quant_config", "PTPC-FP8 online quantization of the BF16 "
               "linears at load: ATOM's JSON ({\"global_quant_config\": \"ptpc_fp8\", "
               "\"exclude_layer\": [...]}), inline or a path to a .json file", default=None)
+    _add_flag(parser, "kda_snapshot_interval", "KDA prefix-cache snapshots every this many "
+              "tokens (a multiple of --block-size; 0: only at prompt ends)", value_type=int,
+              default=DEFAULTS.kda_snapshot_interval)
     parser.add_argument("--enable-prefix-caching", "--enable_prefix_caching",
                         dest="enable_prefix_caching", action="store_true",
                         default=DEFAULTS.enable_prefix_caching,
@@ -106,6 +109,7 @@ def engine_config_from_args(args: argparse.Namespace, model: str) -> EngineConfi
         index_cache_dtype=args.index_cache_dtype, device=args.device,
         gpu_memory_utilization=args.gpu_memory_utilization,
         kv_cache_memory=args.kv_cache_memory, max_num_waiting=args.max_num_waiting,
+        kda_snapshot_interval=args.kda_snapshot_interval,
         enforce_eager=args.enforce_eager,
         online_quant_config=_json_object(args.online_quant_config, "--online-quant-config"))
 
