@@ -12,9 +12,9 @@ here), one eager step whose `moe_route` calls are recorded (the distinct experts
 and N timed steps, each `engine.step()` exactly as the engine runs it (graphs when they are on:
 scheduling, input copies, replay, sampling, stop checks), timed one by one with the device
 synchronized around it. The timed steps end one key short of the nominal context C (the step
-attending the C-th key would end a block and take a KDA prefix snapshot when C is a multiple of
-the block size): they attend C - N .. C - 1 keys. MBU = step bytes / median step time / copy
-bandwidth.
+attending the C-th key would take a KDA prefix snapshot when C is a multiple of
+--kda-snapshot-interval, as 2048, 32768 and 131072 are): they attend C - N .. C - 1 keys.
+MBU = step bytes / median step time / copy bandwidth.
 """
 
 from __future__ import annotations
@@ -164,13 +164,17 @@ def _decode_mode(num_replays: int, num_steps: int) -> str:
 
 
 def _window_notes(engine: LLMEngine, first_context: int, num_steps: int) -> list[str]:
-    """What in the timed window is not a plain decode step: block ends (each takes a KDA
-    snapshot) and graph context buckets crossed (each captures a graph)."""
+    """What in the timed window is not a plain decode step: KDA prefix snapshots (at the block
+    ends the scheduler's snapshot interval picks) and graph context buckets crossed (each
+    captures a graph)."""
     notes = []
     contexts = range(first_context, first_context + num_steps)
-    block_ends = sum(1 for n in contexts if n % engine.scheduler.block_size == 0)
-    if block_ends:
-        notes.append(f"{block_ends} timed step(s) end a block and take a KDA prefix snapshot")
+    block_size, every = engine.scheduler.block_size, engine.scheduler.snapshot_interval_blocks
+    snapshots = sum(1 for n in contexts
+                    if every and n % block_size == 0 and (n // block_size) % every == 0)
+    if snapshots and engine.config.options.enable_prefix_caching:
+        notes.append(f"{snapshots} timed step(s) take a KDA prefix snapshot "
+                     "(--kda-snapshot-interval)")
     edges = getattr(engine.runner.graphs, "buckets", None)
     if edges:
         buckets = {min(b for b in edges if b >= n) for n in contexts if n <= edges[-1]}

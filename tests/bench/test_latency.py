@@ -56,10 +56,13 @@ def test_prefill_figures_follow_the_flop_model(engine):
     assert p["mfu"] == pytest.approx(flops / (p["ttft_ms"] / 1e3) / 1e10)
 
 
-def test_window_notes_name_block_ends_inside_the_timed_steps(engine):
+def test_window_notes_name_snapshot_steps_inside_the_timed_window(engine, monkeypatch):
+    # the default interval (2048 tokens, 128 blocks of 16): no snapshot near 32
+    assert _window_notes(engine, first_context=31, num_steps=2) == []
+    monkeypatch.setattr(engine.scheduler, "snapshot_interval_blocks", 2)
     assert _window_notes(engine, first_context=30, num_steps=2) == []
     assert _window_notes(engine, first_context=31, num_steps=2) == [
-        "1 timed step(s) end a block and take a KDA prefix snapshot"]
+        "1 timed step(s) take a KDA prefix snapshot (--kda-snapshot-interval)"]
 
 
 def test_lengths_past_the_context_length_are_refused(engine):
@@ -87,10 +90,11 @@ class RefusingGraphs:
 
 def test_eager_steps_under_graphs_and_crossed_buckets_are_noted(engine, monkeypatch):
     monkeypatch.setattr(engine.runner, "graphs", RefusingGraphs())
+    monkeypatch.setattr(engine.scheduler, "snapshot_interval_blocks", 1)
     d = measure_decode(engine, 2, 34, options(), CEILINGS, np.random.default_rng(3))
     assert d["mode"] == "eager" and (d["first_context"], d["last_context"]) == (32, 33)
     assert d["notes"] == [
-        "1 timed step(s) end a block and take a KDA prefix snapshot",
+        "1 timed step(s) take a KDA prefix snapshot (--kda-snapshot-interval)",
         "the timed steps span graph context buckets [32, 64]",
         "CUDA graphs are on, but timed steps ran eagerly: replay differs from the eager step "
         "by 1e-1"]
