@@ -175,15 +175,15 @@ class AsyncEngine:
                                           "requests); retry later")
                 self.engine.add_requests(requests)
             except Exception as exc:  # reported to the caller, the engine goes on
-                loop.call_soon_threadsafe(_settle, added, exc)
+                _call_soon(loop, _settle, added, exc)
             else:
-                loop.call_soon_threadsafe(_settle, added, None)
+                _call_soon(loop, _settle, added, None)
 
     def _publish(self, request_id: str, item: RequestOutput | BaseException) -> None:
         stream = self._streams.get(request_id)
         if stream is not None:
             loop, outputs = stream
-            loop.call_soon_threadsafe(outputs.put_nowait, item)
+            _call_soon(loop, outputs.put_nowait, item)
 
 
 class RequestStream:
@@ -223,6 +223,15 @@ class RequestStream:
     def _end(self) -> None:
         self.is_done = True
         self.engine._streams.pop(self.request_id, None)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, *call) -> None:
+    """`loop.call_soon_threadsafe(*call)`, nothing once the loop has closed (a caller that
+    left; the engine thread must not die of it)."""
+    try:
+        loop.call_soon_threadsafe(*call)
+    except RuntimeError:
+        pass
 
 
 def _settle(future: asyncio.Future, exc: BaseException | None) -> None:

@@ -161,6 +161,8 @@ def test_a_refused_batch_adds_none_of_its_requests(engine, pools_free):
 
 
 def test_closing_or_cancelling_a_stream_aborts_its_request(engine, pools_free):
+    """Also: an output published after the caller's event loop closed must not kill the
+    engine thread (it did: `call_soon_threadsafe` raised in the engine loop)."""
     params = SamplingParams(max_tokens=300, ignore_eos=True)
 
     async def main():
