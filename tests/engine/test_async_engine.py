@@ -177,3 +177,4 @@ def test_closing_or_cancelling_a_stream_aborts_its_request(engine, pools_free):
     asyncio.run(main())
     wait_until_idle(engine)
     pools_free(engine)
+    assert engine.is_alive
