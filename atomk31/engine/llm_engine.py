@@ -131,8 +131,10 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_pool, self.state_pool, self.snapshots,
                                    options.max_num_seqs, options.max_num_batched_tokens,
                                    options.kda_snapshot_interval // options.block_size,
-                                   DraftPolicy(spec.num_speculative_tokens, rc.max_model_len)
-                                   if spec else None, slots_per_request - 1)
+                                   copy_block=self._copy_block,
+                                   num_drafts=DraftPolicy(spec.num_speculative_tokens,
+                                                          rc.max_model_len) if spec else None,
+                                   num_extra_state_slots=slots_per_request - 1)
         self.runner = ModelRunner(self.model, self.kernels, kv_views, self.state_pool,
                                   options.block_size, self.device,
                                   self.stop_checker.suppressed_token_ids)
@@ -149,6 +151,10 @@ class LLMEngine:
                 backup_slot=self.state_pool.scratch_slot(1), **graph_shapes)
         if not graphs:
             logger.info("decode steps run eagerly: %s", self.why_eager)
+
+    def _copy_block(self, src: int, dst: int) -> None:
+        """One block's row of the packed pool (every MLA layer's pages) into another."""
+        self.kv_pool[dst].copy_(self.kv_pool[src])
 
     def _build_speculative(self, options: EngineConfig, layout: PackedLayout, num_mla: int,
                            graphs: bool, graph_shapes: dict) -> None:
@@ -191,17 +197,29 @@ class LLMEngine:
     # -- requests -----------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams,
                     request_id: str | None = None) -> str:
-        request_id = request_id if request_id is not None else str(next(self._ids))
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        text = prompt if isinstance(prompt, str) else None
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self._check_prompt(ids, params)
-        seqs = [Sequence(request_id, ids, params, index=i) for i in range(params.n)]
-        self.requests[request_id] = _Request(request_id, text, seqs)
-        for seq in seqs:
-            self.scheduler.add(seq)
-        return request_id
+        return self.add_requests([(prompt, params, request_id)])[0]
+
+    def add_requests(self, requests: list[tuple[str | list[int], SamplingParams, str | None]]
+                     ) -> list[str]:
+        """Admit several `(prompt, params, request_id or None)` at once, so that the next step
+        can batch them all; every request is checked first and none is added if one fails.
+        A request with n > 1 queues its first completion; the others fork from it once its
+        prompt is computed (scheduler.py)."""
+        built = []
+        for prompt, params, request_id in requests:
+            request_id = request_id if request_id is not None else str(next(self._ids))
+            if request_id in self.requests or any(r.request_id == request_id for r in built):
+                raise ValueError(f"request id {request_id!r} is already in use")
+            text = prompt if isinstance(prompt, str) else None
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            self._check_prompt(ids, params)
+            seqs = [Sequence(request_id, ids, params, index=i) for i in range(params.n)]
+            seqs[0].forks = seqs[1:]
+            built.append(_Request(request_id, text, seqs))
+        for request in built:
+            self.requests[request.request_id] = request
+            self.scheduler.add(request.seqs[0])
+        return [request.request_id for request in built]
 
     def _check_prompt(self, ids: list[int], params: SamplingParams) -> None:
         limit = self.config.max_model_len
@@ -244,13 +262,14 @@ class LLMEngine:
         if self.speculative is not None:
             emitted = self.speculative.run(scheduled)
         else:
-            emitted = [StepTokens(item, [token], [logprobs])
-                       for item, token, logprobs in self.runner.run(scheduled)]
+            emitted = [StepTokens(seq, [token], [logprobs])
+                       for seq, token, logprobs in self.runner.run(scheduled)]
+        # n > 1: prefills that just ended; their other completions continue from this prompt
+        forking = [item.seq for item in scheduled if item.seq.forks and item.is_last_chunk]
         touched: dict[str, _Request] = {}
         finished: list[Sequence] = []
         for step in emitted:
-            seq = step.item.seq
-            num_appended = 0
+            seq, num_appended = step.seq, 0
             for token, logprobs in zip(step.tokens, step.logprobs):
                 seq.append_token(token, logprobs)
                 num_appended += 1
@@ -258,11 +277,13 @@ class LLMEngine:
                 if seq.is_finished:
                     finished.append(seq)
                     break
-            if step.num_accepted is not None:
+            if step.verified is not None:
                 self.speculative.settle(step, num_appended)
             touched[seq.request_id] = self.requests[seq.request_id]
         # after the tokens are appended: blocks that accepted drafts filled get their hashes
         self.scheduler.complete(scheduled)
+        for parent in forking:
+            self.scheduler.fork(parent)
         for seq in finished:
             self.scheduler.finish(seq)
         outputs = [self._output(request) for request in touched.values()]
@@ -279,5 +300,6 @@ class LLMEngine:
             outputs=[seq.to_completion_output() for seq in request.seqs],
             finished=all(seq.is_finished for seq in request.seqs),
             num_cached_tokens=first.num_cached_tokens,
+            prompt_logprobs=list(first.prompt_logprobs) if first.prompt_logprobs else None,
             metrics=RequestMetrics(first.arrival_time, first.first_token_time,
                                    first.finished_time))

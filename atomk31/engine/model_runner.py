@@ -13,7 +13,7 @@ import torch
 
 from atomk31.cache import KDAStatePool, MLACacheView
 from atomk31.engine.cuda_graphs import DecodeGraphs
-from atomk31.engine.sampler import Sampler
+from atomk31.engine.sampler import Sampler, token_logprobs
 from atomk31.engine.scheduler import ScheduledSequence
 from atomk31.engine.sequence import Sequence
 from atomk31.model import ForwardBatch, K31Model
@@ -44,22 +44,63 @@ class ModelRunner:
         return self.model.forward(batch, self.kv_views, self.state_pool.conv,
                                   self.state_pool.recurrent, ops or self.kernels.eager)
 
-    def run(self, scheduled: list[ScheduledSequence]) -> list[tuple[ScheduledSequence, int, object]]:
-        """Run one step; -> (item, sampled token id, logprobs info) for each item whose last
-        token was computed this step (a finished prefill or a decode)."""
-        logits = self.graphs.run(scheduled) if self.graphs is not None else None
+    def run(self, scheduled: list[ScheduledSequence]) -> list[tuple[Sequence, int, object]]:
+        """Run one step; -> (sequence, sampled token id, logprobs info) for each sequence that
+        samples this step: those whose last token was computed (a finished prefill or a
+        decode), and the forks of a finished prefill, from the same logits row (n > 1).
+        Prompt logprobs asked for are written into each sequence as its prompt is computed."""
+        prompt_rows = prompt_logprob_rows(scheduled)
+        logits = (self.graphs.run(scheduled)
+                  if self.graphs is not None and not prompt_rows else None)
         if logits is None:
-            logits = self.forward(self.prepare(scheduled))
-        sampling = [item for item in scheduled if item.is_last_chunk]
-        if not sampling:
+            logits = self.forward_step(self.prepare(scheduled), prompt_rows, self.forward)
+        return self.sample([item for item in scheduled if item.is_last_chunk], logits)
+
+    def forward_step(self, batch: ForwardBatch,
+                     prompt_rows: list[tuple[Sequence, list[int], list[int]]],
+                     forward: Callable[[ForwardBatch], torch.Tensor]) -> torch.Tensor:
+        """``forward(batch)``'s logits of batch.logits_indices, with the prompt logprobs of
+        ``prompt_rows`` (`prompt_logprob_rows`) computed on the side and recorded."""
+        num_sampling = batch.logits_indices.numel()
+        if prompt_rows:
+            extra = [i for rows in prompt_rows for i in rows[2]]
+            batch.logits_indices = torch.cat([batch.logits_indices, torch.tensor(
+                extra, dtype=torch.int64).to(self.device)])
+        logits = forward(batch)
+        if prompt_rows:
+            self._record_prompt_logprobs(prompt_rows, logits[num_sampling:])
+            logits = logits[:num_sampling]
+        return logits
+
+    def sample(self, sampling: list[ScheduledSequence], logits: torch.Tensor
+               ) -> list[tuple[Sequence, int, object]]:
+        """One token for each sequence of `sampling` (items whose last token was computed, and
+        their forks) from its item's row of logits [len(sampling), V]."""
+        seqs = [seq for item in sampling for seq in item.sampled_seqs]
+        if not seqs:
             return []
-        seqs = [item.seq for item in sampling]
+        if len(seqs) > len(sampling):   # forks sample from their parent's row
+            rows = [r for r, item in enumerate(sampling) for _ in item.sampled_seqs]
+            logits = logits[torch.tensor(rows, device=logits.device)]
         tokens, logprobs = self.sampler(logits, [s.sampling_params for s in seqs],
                                         [s.generator(self.device) for s in seqs],
                                         [self.suppressed_token_ids(s) for s in seqs])
         token_list = tokens.tolist()
-        return [(item, token_list[i], logprobs[i] if logprobs is not None else None)
-                for i, item in enumerate(sampling)]
+        return [(seq, token_list[i], logprobs[i] if logprobs is not None else None)
+                for i, seq in enumerate(seqs)]
+
+    def _record_prompt_logprobs(self, prompt_rows: list[tuple[Sequence, list[int], list[int]]],
+                                logits: torch.Tensor) -> None:
+        """logits [sum of rows, V]: row j predicts prompt token positions[j] of its sequence."""
+        start = 0
+        for seq, positions, _ in prompt_rows:
+            rows = logits[start:start + len(positions)]
+            start += len(positions)
+            targets = [seq.all_token_ids[p] for p in positions]
+            entries = token_logprobs(rows, torch.tensor(targets, device=rows.device),
+                                     seq.sampling_params.prompt_logprobs)
+            for p, entry in zip(positions, entries):
+                seq.prompt_logprobs[p] = entry
 
     def prepare(self, scheduled: list[ScheduledSequence], drafts: list[list[int]] | None = None,
                 row_states: list[tuple[int, int, int]] = ()) -> ForwardBatch:
@@ -152,3 +193,22 @@ def upload(device: torch.device, columns: dict[str, tuple[list[int], torch.dtype
         for name, start in zip(names, starts):
             out[name] = packed[start:start + len(columns[name][0])]
     return out
+
+
+def prompt_logprob_rows(scheduled: list[ScheduledSequence]
+                         ) -> list[tuple[Sequence, list[int], list[int]]]:
+    """Per item that wants prompt logprobs: (sequence, prompt positions p >= 1 whose logprob
+    this step can give, the flat batch index of the token before each). The logits of token
+    p - 1 give token p's logprob; the last prompt token's row is the sampling row."""
+    rows = []
+    offset = 0
+    for item in scheduled:
+        seq, n = item.seq, item.num_new_tokens
+        start = seq.num_computed_tokens
+        if seq.needs_prompt_logprobs:
+            last = min(start + n, seq.num_prompt_tokens - 1)   # computed positions < last
+            positions = list(range(start + 1, last + 1))
+            if positions:
+                rows.append((seq, positions, [offset + p - 1 - start for p in positions]))
+        offset += n + item.num_draft_tokens
+    return rows

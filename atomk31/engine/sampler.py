@@ -14,8 +14,8 @@ as vLLM does): it needs no sort or cumulative sum and no host sync. The noise is
 vocabulary order from the row's own generator when the request is seeded, so a seeded row's
 tokens do not depend on the batch it is in; unseeded rows share the global RNG.
 
-`filtered_logits` and `token_logprobs` are public so speculative decoding can build the same
-processed distribution (MODEL_SPEC §5.5 `pick`, §5.6 verification) and the same logprobs.
+`filtered_logits` is public so speculative decoding can build the same processed
+distribution (MODEL_SPEC §5.5 `pick`, §5.6 verification).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class Sampler:
             sampled_generators = [generators[i] for i in sampled_rows]
             rows = torch.tensor(sampled_rows, device=logits.device)
             token_ids[rows] = _sample(processed[rows], sampled, sampled_generators)
-        return token_ids, token_logprobs(logits, token_ids, params)
+        return token_ids, _logprobs(logits, token_ids, params)
 
     @staticmethod
     def _check_inputs(
@@ -166,28 +166,31 @@ def _sample(
     return (probs / noise).argmax(dim=-1)
 
 
-def token_logprobs(
+def _logprobs(
     logits: torch.Tensor, token_ids: torch.Tensor, params: list[SamplingParams]
 ) -> list[TokenLogprobs | None]:
-    """Per row: the chosen token's and the top-n logprobs of log_softmax(logits), or None
-    (also for the rows of a speculative verify pass, engine/speculative.py)."""
+    """Per row: the chosen token's and the top-n logprobs of log_softmax(logits), or None."""
     rows = [i for i, p in enumerate(params) if p.logprobs is not None]
     result: list[TokenLogprobs | None] = [None] * len(params)
     if not rows:
         return result
     index = torch.tensor(rows, device=logits.device)
-    logprobs = logits[index].log_softmax(dim=-1)
-    chosen_ids = token_ids[index]
-    chosen = logprobs.gather(1, chosen_ids[:, None])[:, 0].tolist()
-    num_top = min(max(params[i].logprobs for i in rows), logprobs.shape[-1])
-    top_values, top_ids = logprobs.topk(num_top, dim=-1)
-    top_values, top_ids = top_values.tolist(), top_ids.tolist()
-    for j, (i, token_id) in enumerate(zip(rows, chosen_ids.tolist())):
+    num_top = max(params[i].logprobs for i in rows)
+    for i, entry in zip(rows, token_logprobs(logits[index], token_ids[index], num_top)):
         n = params[i].logprobs
-        result[i] = TokenLogprobs(
-            token_id=token_id,
-            logprob=chosen[j],
-            top_token_ids=top_ids[j][:n],
-            top_logprobs=top_values[j][:n],
-        )
+        entry.top_token_ids, entry.top_logprobs = entry.top_token_ids[:n], entry.top_logprobs[:n]
+        result[i] = entry
     return result
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
+                   num_top: int) -> list[TokenLogprobs]:
+    """logits [M, V] fp32, token_ids [M]: per row, token_ids[row]'s logprob and the num_top
+    best of log_softmax(logits) (the raw distribution, outputs.py)."""
+    logprobs = logits.log_softmax(dim=-1)
+    chosen = logprobs.gather(1, token_ids[:, None])[:, 0].tolist()
+    top_values, top_ids = logprobs.topk(min(num_top, logprobs.shape[-1]), dim=-1)
+    top_values, top_ids = top_values.tolist(), top_ids.tolist()
+    return [TokenLogprobs(token_id=t, logprob=chosen[j], top_token_ids=top_ids[j],
+                          top_logprobs=top_values[j])
+            for j, t in enumerate(token_ids.tolist())]

@@ -40,7 +40,7 @@ import torch
 from atomk31.cache import KDAStatePool
 from atomk31.checkpoint.dspark_schema import load_draft_checkpoint
 from atomk31.engine.dspark_proposer import DSparkProposer, Proposal
-from atomk31.engine.model_runner import ModelRunner
+from atomk31.engine.model_runner import ModelRunner, prompt_logprob_rows
 from atomk31.engine.outputs import TokenLogprobs
 from atomk31.engine.rejection import verify_drafts
 from atomk31.engine.sampler import token_logprobs
@@ -59,13 +59,14 @@ _SEED_MIX = 0x9E3779B97F4A7C15   # spreads (engine seed, step) over the 63-bit s
 
 @dataclass
 class StepTokens:
-    """What one scheduled item emits this step: tokens in order, their logprobs (None where
-    not asked), and for a verify row set the drafts accepted (None for a plain item)."""
+    """What one sequence emits this step: tokens in order and their logprobs (None where not
+    asked); for a verification, its scheduled item and the drafts it accepted."""
 
-    item: ScheduledSequence
+    seq: Sequence
     tokens: list[int]
     logprobs: list[TokenLogprobs | None]
-    num_accepted: int | None = None
+    verified: ScheduledSequence | None = None
+    num_accepted: int = 0
 
 
 def load_draft(config: SpeculativeConfig, target: K31Model, dtype: torch.dtype,
@@ -147,10 +148,12 @@ class SpeculativeRunner:
                                      [generators[r] for r in verify])
             for i, row in enumerate(proposal.tokens.tolist()):
                 drafts[verify[i]] = row[:proposal.num_drafts[i]]
-        logits = self.graphs.run(scheduled, drafts) if self.graphs is not None else None
+        prompt_rows = prompt_logprob_rows(scheduled)
+        logits = (self.graphs.run(scheduled, drafts)
+                  if self.graphs is not None and not prompt_rows else None)
         if logits is None:
             batch = self.runner.prepare(scheduled, drafts, self.row_states(scheduled, drafts))
-            logits = self.forward(batch)
+            logits = self.runner.forward_step(batch, prompt_rows, self.forward)
         return self._emit(scheduled, logits, verify, proposal, generators)
 
     def _propose(self, items: list[ScheduledSequence],
@@ -175,29 +178,22 @@ class SpeculativeRunner:
               generators: list[torch.Generator]) -> list[StepTokens]:
         """Sample the plain rows, verify the drafts; logits rows follow prepare's order."""
         plain, plain_rows, verify_rows, cursor = [], [], [], 0
-        for r, item in enumerate(scheduled):
+        for item in scheduled:
             if item.num_draft_tokens:
                 verify_rows.append(cursor)
                 cursor += 1 + item.num_draft_tokens
             elif item.is_last_chunk:
-                plain.append(r)
+                plain.append(item)
                 plain_rows.append(cursor)
                 cursor += 1
-        out = self._sample_plain([scheduled[r] for r in plain], logits[plain_rows]) if plain else []
+        out = []
+        if plain:       # as without speculation (forks of a finished prefill included)
+            out = [StepTokens(seq, [token], [logprobs]) for seq, token, logprobs
+                   in self.runner.sample(plain, logits[plain_rows])]
         if verify:
             out += self._verify([scheduled[r] for r in verify], logits, verify_rows, proposal,
                                 [generators[r] for r in verify])
         return out
-
-    def _sample_plain(self, items: list[ScheduledSequence], logits: torch.Tensor
-                      ) -> list[StepTokens]:
-        runner = self.runner
-        seqs = [item.seq for item in items]
-        tokens, logprobs = runner.sampler(logits, [s.sampling_params for s in seqs],
-                                          [s.generator(self.device) for s in seqs],
-                                          [runner.suppressed_token_ids(s) for s in seqs])
-        return [StepTokens(item, [token], [logprobs[i]])
-                for i, (item, token) in enumerate(zip(items, tokens.tolist()))]
 
     def _verify(self, items: list[ScheduledSequence], logits: torch.Tensor, starts: list[int],
                 proposal: Proposal, generators: list[torch.Generator]) -> list[StepTokens]:
@@ -214,16 +210,17 @@ class SpeculativeRunner:
         for r, item in enumerate(items):
             tokens = result.tokens[r]
             logprobs: list[TokenLogprobs | None] = [None] * len(tokens)
-            if params[r].logprobs is not None:
-                ids = torch.tensor(tokens, device=logits.device)
-                logprobs = token_logprobs(rows[r, :len(tokens)], ids, [params[r]] * len(tokens))
-            out.append(StepTokens(item, tokens, logprobs, result.num_accepted[r]))
+            if params[r].logprobs is not None:      # token i from verify row i
+                logprobs = token_logprobs(rows[r, :len(tokens)],
+                                          torch.tensor(tokens, device=logits.device),
+                                          params[r].logprobs)
+            out.append(StepTokens(item.seq, tokens, logprobs, item, result.num_accepted[r]))
         return out
 
     def settle(self, step: StepTokens, num_appended: int) -> None:
         """After a verify item's tokens were appended (``num_appended``: fewer than emitted when
         a stop ended the sequence): the rows kept, its state slot, its snapshots, the stats."""
-        item, seq = step.item, step.item.seq
+        item, seq = step.verified, step.seq
         kept_drafts = min(step.num_accepted, num_appended)
         self.stats.record(item.num_draft_tokens, step.num_accepted)
         slots = [seq.state_slot] + seq.extra_state_slots
