@@ -19,16 +19,14 @@ sys.path.insert(0, str(REPO))
 
 
 def capture(arch: str) -> dict[str, dict[str, str]]:
-    from gluon_kernels import (
-        indexer_score, indexer_score_hopper_launch, ptpc_fp8_hopper, radix_topk,
-    )
+    from gluon_kernels import ptpc_fp8_hopper
     from gluon_kernels.compile import compile_example
     from gluon_kernels.targets import target_for_arch
 
     target = target_for_arch(arch)
     asm_kind = "ptx" if arch.startswith("sm") else "amdgcn"
     report = {}
-    for module in (indexer_score, radix_topk, ptpc_fp8_hopper, indexer_score_hopper_launch):
+    for module in (ptpc_fp8_hopper,):
         for example in module.compile_examples(target):
             try:
                 report[example.name] = {"asm": compile_example(example, target).asm[asm_kind]}

@@ -1,21 +1,27 @@
-"""Sparse MLA decode on Hopper in Gluon, warp-specialized: a key producer and two consumers.
+"""Sparse (and dense) MLA on Hopper in Gluon, warp-specialized: a key producer and two consumers.
 
-Contract and numerics: those of gluon_kernels/sparse_mla_hopper.py (FP16 products of the FP8
-latent and of the queries scaled into FP16's range per vector, fp32 accumulation, -1 slots
-masked, a row with no valid key gives 0 and lse -inf), whose key conversion it reuses.
+Contract: `atomk31.ops.sparse_mla` (MODEL_SPEC §4.5, §4.6; DENSE: `atomk31.ops.dense_mla`).
+Numerics: FP16 products of the FP8 e4m3 latent (exact in FP16) and of queries scaled into
+FP16's range by a power of two per vector (the rule of atomk31/triton_kernels/mla_fp16_query.py,
+applied as the scorer stages the queries); the latent scale once on the scores and once on the
+output; fp32 accumulation; FP16 probabilities for the value product; -1 slots masked; a row
+with no valid key gives 0 and lse -inf. The launchers: sparse_mla.py, dense_mla.py.
 
-Why. The one-role kernel measured ~6,300 clocks a tile against ~2,700 of tensor and
-shared-memory work: both warpgroups wait on every product, then convert the next keys and run
-the softmax with the tensor cores idle. Here the roles are split across warps
-(gl.warp_specialize), as in FlashMLA's sparse FP8 decode (csrc/sm90/decode/sparse_fp8):
+Why the roles. A kernel whose two warpgroups both wait on every product, then convert the next
+keys and run the softmax, leaves the tensor cores idle most of a tile. Here the roles are split
+across warps (gl.warp_specialize), as in FlashMLA's sparse FP8 decode (csrc/sm90/decode/
+sparse_fp8):
   - key producer (worker, 4 warps): per 64-key tile, loads the FP8 rows into registers (16 B a
     thread; their slots a tile ahead) while waiting for a free key buffer, converts them to
-    FP16 into it (two [64, 576] buffers) with the tile's score bias (0, or -inf for a -1 slot
-    or a key past the split), then signals `k_ready`;
+    FP16 into it (two [64, 576] buffers; wgmma takes 16-bit B operands from shared memory
+    only) with the tile's score bias (0, or -inf for a -1 slot or a key past the split), then
+    signals `k_ready`;
   - scorer (default partition = warpgroup 0): stages the queries, S [64 heads, 64 keys] =
     Q K^T (m64n64k16: the queries read from shared memory once per 64 keys), the online
-    softmax, P (FP16) and the per-head rescale factor into shared memory (`p_ready`),
-    O[:, :256] += P V[:, :256];
+    softmax, P (FP16) and the per-head rescale factor into shared memory,
+    O[:, :256] += P V[:, :256], then the next tile's scores queued behind that value product;
+    only then is P announced to the value worker (`p_ready`), so its half of the values runs
+    under the next softmax;
   - value worker (warpgroup 1): on `p_ready`, rescales its O[:, 256:] and adds P V[:, 256:];
     frees P (`p_free`) and, with the scorer, the key buffer (`k_free`, 2 arrivals). At the end
     the scorer hands it 1 / l through shared memory (`epilogue`).
@@ -28,37 +34,13 @@ heads (the second half empty): 1.33x the counted products. Registers (setmaxnreg
 threads share 65,536): the scorer S (32 a thread), O's half (128) and the softmax; the value
 worker O's half; the producer one tile of FP8 rows (72).
 
-SCHEDULE: the order of a tile's products on the tensor cores (they run one at a time). Tile
-i + 1's key buffer frees only once tile i - 1's value products are done, then the producer
-needs ~600-700 clocks to convert into it; the next softmax needs the next scores.
-  LATE_VALUES (the default): the scorer's value product of tile i, then tile i + 1's scores;
-    P is announced to the value worker only once those scores are queued, so its half of
-    the values runs under the next softmax.
-  SCORES_FIRST: the scorer issues tile i + 1's scores before its value product of tile i and
-    waits for the scores only (its next softmax under that value product; but tile i's
-    values finish late, so the conversion into their buffer is waited for).
-  VALUES_FIRST: value products first, P announced at once (the softmax exposed).
+DENSE (dense_mla.py): the producer computes the slot of each position from the request's
+block-table row instead of reading a selection; a CTA's "row" is a group of 1, 2 or 4 rows of
+one request (their heads' vectors side by side), its keys end at its vectors' last position,
+and the scorer masks, in the last tiles only, the keys past each vector's own row position.
 
-DENSE (gluon_kernels/dense_mla_hopper.py, the `dense_mla` op on Hopper): the producer computes
-the slot of each position from the request's block-table row instead of reading a selection;
-a CTA's "row" is a group of 1, 2 or 4 rows of one request (their heads' vectors side by side),
-its keys end at its vectors' last position, and the scorer masks, in the last tiles only, the
-keys past each vector's own row position. Offline: 64-72 B of stack under 3.6, 312 under 3.9.
-H200 (session 7 round 1, 16 requests, 128K): 4 rows 4.10 ms = 53% of the BF16 rate, 1 row
-(96 heads padded to 128) 1.39 ms = 39%; the Triton kernel 7.85 / 2.58 ms.
-
-Offline sm_90 (triton 3.6, the H200's): scorer 224 registers, value worker 160, producer 120;
-24 B of stack (a producer loop scalar, reloaded once a tile; the scorer's epilogue pointers,
-once a CTA; nothing in the consumers' loops); a tile's loop: scorer ~543 instructions a
-thread (40 wgmma, 34 ex2, 128 for O's rescale), value worker 173, producer 362 (18 16-byte
-row loads, 144 e4m3x2 -> f16x2, 36 16-byte stores). Triton 3.9 (ptxas 13.x): the scorer
-spills (224-232 B) and, with SCORES_FIRST, ptxas serializes every wgmma (C7515).
-Measured (H200, graph us, 96 heads x 2048 keys; predicted 64 rows ~70; per round in
-benchmarks/NOTES.md, session 6): 64 rows LATE_VALUES 87.4 (42.9% of the GEMM rate),
-SCORES_FIRST 90.6, VALUES_FIRST ~100; 16 rows 32.3 (the one-role kernel 122.6 / 39.7, Triton
-154.8 / 47.7). Asking L2 for the next tile's rows (prefetch.global.L2) lost (93-98); removed.
-A tile takes ~2.0 us against ~1.7 us of products at the GEMM rate; the rest is fixed cost
-(launch, query staging, the first gather, the fp32 output, the partials and their merge).
+Every size argument may be 1 (Triton then passes it as a constant): the kernel only combines
+arguments with tensors, never calls tensor methods on them.
 """
 
 from triton.experimental import gluon
@@ -71,36 +53,46 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from gluon_kernels.sparse_mla_hopper import (
-    BLOCK_H,
-    BLOCK_N,
-    ROPE_DIM,
-    VALUE_DIM,
-    _row_offsets,
-    _store_keys,
-    cta_barrier,
-)
-
+# The CTA barrier (bar.sync): gl.thread_barrier on triton 3.6 (the H200's), gl.barrier on 3.9.
+cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+# gl.constexpr: the kernel reads them as compile-time constants; int(...) on the host.
+VALUE_DIM = gl.constexpr(512)
+ROPE_DIM = gl.constexpr(64)
+BLOCK_H = gl.constexpr(64)  # heads (query vectors) per CTA: wgmma's M
+BLOCK_N = gl.constexpr(64)  # keys per tile
 HALF_VALUE = gl.constexpr(256)  # value columns per consumer warpgroup
 ROLE_WARPS = gl.constexpr(4)  # every role is one warpgroup
 VALUE_REGISTERS = gl.constexpr(160)  # the value worker: O's half (128) and addresses
 PRODUCER_REGISTERS = gl.constexpr(120)  # the producer: one tile of FP8 rows (72) and addresses
-SCORES_FIRST = gl.constexpr(0)  # the scorer's products' orders (SCHEDULE): module docstring
-VALUES_FIRST = gl.constexpr(1)
-LATE_VALUES = gl.constexpr(2)
-SCHEDULES = {"scores_first": 0, "values_first": 1, "late_values": 2}  # the launcher's names
-# The scorer gets what is left: triton 3.6 gives it 224 (setmaxnreg).
+# The scorer gets what is left (setmaxnreg).
+
+
+@gluon.jit
+def _row_offsets(slot, stride_cache_b, stride_cache_t, block_size, FLAT_SLOTS: gl.constexpr):
+    """Element offsets of the cache rows of `slot` (-1 slots: row 0)."""
+    slot = gl.maximum(slot, 0)
+    if FLAT_SLOTS:
+        return slot.to(gl.int64) * stride_cache_t
+    return (slot // block_size).to(gl.int64) * stride_cache_b \
+        + (slot % block_size).to(gl.int64) * stride_cache_t
+
+
+@gluon.jit
+def _store_keys(nope, rope, k_nope, k_rope):
+    """FP8 key rows [BLOCK_N, 512] and [BLOCK_N, 64] (registers) as FP16 (exact) into a key
+    buffer: wgmma's 16-bit B operand."""
+    k_nope.store(nope.to(gl.float16))
+    k_rope.store(rope.to(gl.float16))
 
 
 @gluon.jit
 def _stage_queries_once(q_row_ptr, head0, num_heads, stride_q_head, q_nope, q_rope,
                         LAYOUT: gl.constexpr):
     """The queries into shared memory in FP16, each vector scaled by 2^e bringing its largest
-    |element| into [2^14, 2^15) (mla_fp16_query's rule and rounding, as the one-role kernel's
-    _stage_queries), from one read: all 576 columns of the 64 heads are loaded at once (144
-    registers a thread of bf16 / fp16 pairs; the maxima are exact in that type), not in two
-    passes of [64, 128] pieces (round 1: ~1,660 instructions before the first product, now
-    ~1,470, fewer dependent round trips). Returns 2^-e per head."""
+    |element| into [2^14, 2^15) (mla_fp16_query's rule and rounding), from one read: all 576
+    columns of the 64 heads are loaded at once (144 registers a thread of bf16 / fp16 pairs;
+    the maxima are exact in that type), fewer dependent round trips than two passes of
+    [64, 128] pieces. Returns 2^-e per head."""
     o_h = head0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, LAYOUT))
     o_nope = gl.arange(0, VALUE_DIM, layout=gl.SliceLayout(0, LAYOUT))
     o_rope = VALUE_DIM + gl.arange(0, ROPE_DIM, layout=gl.SliceLayout(0, LAYOUT))
@@ -126,8 +118,8 @@ def _scores(q_nope, q_rope, k_nope, k_rope, s):
 
 @gluon.jit
 def _next_scores(q_nope, q_rope, k_nope, k_rope, k_ready, phase, has_next, s):
-    """The next tile's scores once its keys are in; after the last tile none (the spare
-    product over settled keys that round 1 ran cost ~0.6 us a CTA)."""
+    """The next tile's scores once its keys are in; after the last tile none (a spare product
+    over settled keys would cost the CTA its time for nothing)."""
     if has_next:
         mbarrier.wait(k_ready, phase)
         scores = _scores(q_nope, q_rope, k_nope, k_rope, s)
@@ -141,10 +133,10 @@ def _scorer(q_row_ptr, head0, num_heads, stride_q_head, start, end,
             score_scale_log2, value_scale, out_ptr, stride_out_head, lse_ptr, stride_lse_head,
             q_nope, q_rope, k_nope, k_rope, key_bias, p_smem, alpha_smem, scale_smem,
             k_ready, k_free, p_ready, p_free, epilogue, group_position_ptr, heads_per_row,
-            SCHEDULE: gl.constexpr, DENSE: gl.constexpr):
-    """Warpgroup 0: queries, scores, softmax, P, and value columns 0..255, its products in
-    the order SCHEDULE (see the module docstring). DENSE: vector v is head v % heads_per_row
-    of the group's row v // heads_per_row, which sees keys up to that row's position."""
+            DENSE: gl.constexpr):
+    """Warpgroup 0: queries, scores, softmax, P, and value columns 0..255 (the module
+    docstring's order). DENSE: vector v is head v % heads_per_row of the group's row
+    v // heads_per_row, which sees keys up to that row's position."""
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -193,39 +185,20 @@ def _scorer(q_row_ptr, head0, num_heads, stride_q_head, start, end,
         m_i = m_new
         # The value worker has read the previous P and factors (its product has finished).
         mbarrier.wait(p_free, (i + 1) & 1, pred=i > 0)
-        if SCHEDULE == SCORES_FIRST:
-            # This warpgroup's previous value product, left running under the softmax (the
-            # wait after the mbarrier's: ptxas moved it up into the softmax when before).
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         p_smem.store(p.to(gl.float16))
         alpha_smem.store(alpha)
         fence_async_shared()
         cta_barrier()  # also: every warp's products over the previous tile have finished
-        if SCHEDULE != LATE_VALUES:
-            mbarrier.arrive(p_ready)
         alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
         values = k_nope.index(buffer).slice(0, HALF_VALUE, 1)
-        if SCHEDULE == SCORES_FIRST:
-            # The previous tile's buffer is free of this warpgroup's products; the next
-            # tile's scores go to the tensor cores first, then this tile's value product,
-            # which runs on under the next softmax.
-            mbarrier.arrive(k_free.index(1 - buffer), pred=i > 0)
-            s = _next_scores(q_nope, q_rope, k_nope.index(1 - buffer), k_rope.index(1 - buffer),
-                             k_ready.index(1 - buffer), ((i + 1) // 2) & 1, i + 1 < num_tiles,
-                             s)
-            acc = warpgroup_mma(p_smem, values, acc * alpha_o, is_async=True)
-            s, acc = warpgroup_mma_wait(num_outstanding=1, deps=(s, acc))
-        else:
-            acc = warpgroup_mma(p_smem, values, acc * alpha_o, is_async=True)
-            # The next tile's scores, queued behind the value product.
-            s = _next_scores(q_nope, q_rope, k_nope.index(1 - buffer), k_rope.index(1 - buffer),
-                             k_ready.index(1 - buffer), ((i + 1) // 2) & 1, i + 1 < num_tiles,
-                             s)
-            if SCHEDULE == LATE_VALUES:
-                mbarrier.arrive(p_ready)  # the value worker's half queues behind the scores
-            acc, s = warpgroup_mma_wait(num_outstanding=0, deps=(acc, s))
-            cta_barrier()  # every warp's products over this buffer have finished
-            mbarrier.arrive(k_free.index(buffer))
+        acc = warpgroup_mma(p_smem, values, acc * alpha_o, is_async=True)
+        # The next tile's scores, queued behind the value product.
+        s = _next_scores(q_nope, q_rope, k_nope.index(1 - buffer), k_rope.index(1 - buffer),
+                         k_ready.index(1 - buffer), ((i + 1) // 2) & 1, i + 1 < num_tiles, s)
+        mbarrier.arrive(p_ready)  # the value worker's half queues behind the scores
+        acc, s = warpgroup_mma_wait(num_outstanding=0, deps=(acc, s))
+        cta_barrier()  # every warp's products over this buffer have finished
+        mbarrier.arrive(k_free.index(buffer))
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
     # Normalized (partial) output and natural lse; no valid key: 0 and -inf.
@@ -334,7 +307,7 @@ def _key_producer(cache_ptr, row_slots, start, end, stride_cache_b, stride_cache
 
 
 @gluon.jit
-def sparse_mla_hopper_ws_kernel(
+def sparse_mla_hopper_kernel(
     # pointers
     q_ptr,  # [Nq, H, 576] bf16 / fp16 absorbed queries
     cache_ptr,  # fp8 e4m3 latent cache, rows of 576 on 16-byte boundaries
@@ -351,8 +324,7 @@ def sparse_mla_hopper_ws_kernel(
     row_request_ptr, row_position_ptr, heads_per_row, rows_per_group,
     # meta-parameters
     FLAT_SLOTS: gl.constexpr,  # blocks back to back: a slot's row offset is slot x row stride
-    SCHEDULE: gl.constexpr = 2,  # SCORES_FIRST, VALUES_FIRST or LATE_VALUES: see above
-    DENSE: gl.constexpr = False,  # keys: positions 0..p of the row's request (dense_mla)
+    DENSE: gl.constexpr,  # keys: positions 0..p of the row's request (dense_mla)
 ):
     NOPE16: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, VALUE_DIM],
                                                                 gl.float16)
@@ -408,7 +380,7 @@ def sparse_mla_hopper_ws_kernel(
                    score_scale_log2, value_scale, out_split, stride_out_head, lse_split,
                    stride_lse_head, q_nope, q_rope, k_nope, k_rope, key_bias, p_smem,
                    alpha_smem, scale_smem, k_ready, k_free, p_ready, p_free, epilogue,
-                   group_position_ptr, heads_per_row, SCHEDULE, DENSE)),
+                   group_position_ptr, heads_per_row, DENSE)),
         (_value_worker, (head0, num_heads, start, end, out_split, stride_out_head, k_nope,
                          p_smem, alpha_smem, scale_smem, k_free, p_ready, p_free, epilogue)),
         (_key_producer, (cache_ptr, row_slots, start, end, stride_cache_b, stride_cache_t,

@@ -1,11 +1,14 @@
-"""The Hopper Gluon indexer's work split (gluon_kernels/indexer_score_hopper.py): which
-(row tile, key tile) pairs a program owns, and which rows of a row tile stream a request's keys.
+"""The Hopper Gluon indexer's work split (indexer_score_kernel.py): which (row tile, key tile)
+pairs a program owns, and which rows of a row tile stream a request's keys.
 
 The producer and both consumers call these with the same arguments and walk the same sequence,
 so the tiles they hand each other through the ring need no other bookkeeping: the pairs are
 flattened and cut into equal contiguous ranges, one per program; a range cut at row-tile
 boundaries gives the program's segments; in a segment, a request's keys are streamed once, for
 the first of its rows in the row tile (`_request_of_row`).
+
+The sizes arrive as kernel arguments, which Triton passes as constants when they equal 1 (one
+row tile, one key tile): they are converted with gl.cast, which takes both.
 """
 
 from triton.experimental import gluon
@@ -19,7 +22,7 @@ BLOCK_N = gl.constexpr(64)  # keys per tile: one wgmma M of a warpgroup, inside 
 def _program_range(program, num_programs, tiles_per_row_tile, num_row_tiles):
     """[begin, end) of the flattened (row tile, key tile) pairs this program owns: an even
     split (the counts differ by at most one; int64 products for long prefills)."""
-    total = num_row_tiles.to(gl.int64) * tiles_per_row_tile
+    total = gl.cast(num_row_tiles, gl.int64) * tiles_per_row_tile
     begin = (program * total // num_programs).to(gl.int32)
     end = ((program + 1) * total // num_programs).to(gl.int32)
     return begin, end

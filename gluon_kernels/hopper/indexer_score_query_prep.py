@@ -1,6 +1,6 @@
-"""The Hopper Gluon indexer's query operands (gluon_kernels/indexer_score_hopper.py) in one
-Triton launch: each query head through the keys' quantizer, the codes in the product's dtype,
-the per-head query scale folded into the head weights.
+"""The Hopper Gluon indexer's query operands (indexer_score_kernel.py) in one Triton launch:
+each query head through the keys' quantizer, the codes in FP16 (every e4m3 value is one), the
+per-head query scale folded into the head weights.
 
 One launch with no host values, so that it captures in a CUDA graph (it replaced several small
 torch kernels); a Triton kernel, so it also runs under the interpreter (the CPU tests).
@@ -10,8 +10,9 @@ import torch
 import triton
 import triton.language as tl
 
-from atomk31.triton_kernels.kv_write import FP8_INDEX_AMAX_FLOOR, FP8_MAX, fp8_group_quantize
-from gluon_kernels.indexer_score_hopper_work_split import INDEX_DIM
+from atomk31.quant.index_keys import FP8_INDEX_AMAX_FLOOR
+from atomk31.triton_kernels.kv_write import FP8_MAX, fp8_group_quantize
+from gluon_kernels.hopper.indexer_score_work_split import INDEX_DIM
 
 
 @triton.jit
@@ -21,9 +22,9 @@ def query_prep_kernel(
     HEADS_PAD: tl.constexpr, FP8_MAX_VALUE: tl.constexpr, MIN_AMAX: tl.constexpr,
 ):
     """One query row (a program): its heads through the keys' quantizer (`fp8_group_quantize`,
-    bit-exact with `quantize_index_keys`), codes [HEADS_PAD, 128] in the codes' dtype (FP16 or
-    e4m3fn: exact either way) and the weights x query scales [HEADS_PAD] fp32; padded heads
-    get zero codes and zero weights."""
+    bit-exact with `quantize_index_keys`), codes [HEADS_PAD, 128] as FP16 (exact) and the
+    weights x query scales [HEADS_PAD] fp32; padded heads get zero codes and
+    zero weights."""
     row = tl.program_id(0).to(tl.int64)
     o_h = tl.arange(0, HEADS_PAD)
     o_d = tl.arange(0, 128)
@@ -38,15 +39,15 @@ def query_prep_kernel(
     tl.store(weights_ptr + row * HEADS_PAD + o_h, tl.where(m_h, w * scale, 0.0))
 
 
-def prepare_queries(q: torch.Tensor, head_weights: torch.Tensor, heads_pad: int,
-                    product: str) -> tuple[torch.Tensor, torch.Tensor]:
+def prepare_queries(q: torch.Tensor, head_weights: torch.Tensor,
+                    heads_pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's query operands in one launch (CUDA-graph friendly: no host values):
-    codes [Nq, heads_pad, 128] (FP16 for "fp16" and "fp16_ss", else e4m3fn), bit-exact with
-    `quantize_index_keys(q, "fp8", "e4m3fn")`, and the head weights x query scales
-    [Nq, heads_pad] fp32 (zero past H_I). A Triton kernel: runs under the interpreter too."""
+    codes [Nq, heads_pad, 128] FP16, bit-exact with `quantize_index_keys(q, "fp8", "e4m3fn")`,
+    and the head weights x query scales [Nq, heads_pad] fp32 (zero past H_I). A Triton
+    kernel: runs under the interpreter too."""
     num_rows, num_heads = q.shape[0], q.shape[1]
-    code_dtype = torch.float16 if product in ("fp16", "fp16_ss") else torch.float8_e4m3fn
-    codes = torch.empty(num_rows, heads_pad, INDEX_DIM.value, dtype=code_dtype, device=q.device)
+    codes = torch.empty(num_rows, heads_pad, INDEX_DIM.value, dtype=torch.float16,
+                        device=q.device)
     weights = torch.empty(num_rows, heads_pad, dtype=torch.float32, device=q.device)
     if num_rows:
         query_prep_kernel[(num_rows,)](

@@ -16,6 +16,9 @@ the k-th largest key, and ``radix_gather_kernel`` writes every key >= it (exactl
 to the row's output with an atomic cursor, in the atomics' order. The launcher sorts the
 selected positions ascending (torch.sort): the contract's order (`atomk31.ops.topk`), which
 is deterministic where the cursor's order is not.
+
+The op checks its arguments before this launcher runs; the launch reads nothing back from the
+device (sizes come from the tensors' shapes), so a CUDA / HIP graph can capture it.
 """
 
 import torch
@@ -23,7 +26,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from gluon_kernels.targets import GluonTarget, target_of_device, vector_layout
+from gluon_kernels.targets import GluonTarget, active_target, vector_layout
 
 RADIX_BITS = 8
 NUM_BINS = 1 << RADIX_BITS
@@ -128,21 +131,12 @@ def radix_gather_kernel(
 
 def topk_positions_gluon(scores: torch.Tensor, k: int, lengths: torch.Tensor) -> torch.Tensor:
     """The k best positions per row in ascending order, -1 padded: int32 [Nq, k] (the
-    `topk_positions` contract)."""
-    if scores.dim() != 2:
-        raise ValueError(f"scores must be [Nq, L], got {list(scores.shape)}")
+    `topk_positions` contract: scores [Nq, L] without NaN, lengths [Nq] in [0, L])."""
     num_rows, length = scores.shape
-    if k < 0:
-        raise ValueError(f"k must be >= 0, got {k}")
-    if lengths.shape != (num_rows,):
-        raise ValueError(f"lengths must be [Nq={num_rows}], got {list(lengths.shape)}")
-    if num_rows and (int(lengths.min()) < 0 or int(lengths.max()) > length):
-        raise ValueError(f"lengths must lie in [0, L={length}], got [{int(lengths.min())}, "
-                         f"{int(lengths.max())}]")
     out = torch.full((num_rows, k), -1, dtype=torch.int32, device=scores.device)
     if num_rows == 0 or k == 0 or length == 0:
         return out
-    target = target_of_device(scores.device)
+    target = active_target()
     scores = scores.float()
     if scores.stride(1) != 1:
         scores = scores.contiguous()
@@ -201,35 +195,3 @@ def launch_radix_topk(
         scores, lengths, threshold, cursor, selected, chunk_size, scores.stride(0),
         selected.stride(0), BLOCK=BLOCK, LAYOUT=layout, num_warps=NUM_WARPS)
     return selected
-
-
-def compile_examples(target: GluonTarget) -> list:
-    """The three kernels as a launch on ``target`` compiles them (first and last pass)."""
-    from gluon_kernels.compile import CompileExample, pointer_signature
-
-    layout = vector_layout(target, NUM_WARPS)
-    examples = []
-    for shift in (KEY_BITS - RADIX_BITS, 0):
-        constexprs = dict(SHIFT=shift, BLOCK=BLOCK, NUM_BINS=NUM_BINS, LAYOUT=layout)
-        examples.append(CompileExample(
-            name=f"radix_histogram[shift={shift}]", fn=radix_histogram_kernel,
-            signature=pointer_signature(
-                {"scores_ptr": "*fp32", "lengths_ptr": "*i32", "prefix_ptr": "*i64",
-                 "histogram_ptr": "*i32", "chunk_size": "i32", "stride_scores_row": "i32"},
-                list(constexprs)),
-            constexprs=constexprs, num_warps=NUM_WARPS, max_vgprs=64))
-    constexprs = dict(SHIFT=0, NUM_BINS=NUM_BINS, LAYOUT=layout)
-    examples.append(CompileExample(
-        name="radix_select", fn=radix_select_kernel,
-        signature=pointer_signature({"histogram_ptr": "*i32", "prefix_ptr": "*i64",
-                                     "remaining_ptr": "*i32"}, list(constexprs)),
-        constexprs=constexprs, num_warps=NUM_WARPS, max_vgprs=64))
-    constexprs = dict(BLOCK=BLOCK, LAYOUT=layout)
-    examples.append(CompileExample(
-        name="radix_gather", fn=radix_gather_kernel,
-        signature=pointer_signature(
-            {"scores_ptr": "*fp32", "lengths_ptr": "*i32", "threshold_ptr": "*i64",
-             "cursor_ptr": "*i32", "selected_ptr": "*i64", "chunk_size": "i32",
-             "stride_scores_row": "i32", "stride_selected_row": "i32"}, list(constexprs)),
-        constexprs=constexprs, num_warps=NUM_WARPS, max_vgprs=64))
-    return examples

@@ -18,8 +18,16 @@ Per row, ``[H_I, 128] x [128, BLOCK_S]`` runs on the target's matrix instruction
 * gfx942: CDNA3 MFMA on e4m3fnuz operands (FP8 keys only; §4.6.1).
 * NVIDIA (the test instantiation): values dequantized exactly to bf16 in registers, mma.sync.
 
-Queries are quantized on the host with the keys' quantizer (``quantize_index_keys``): it is a
-few KiB per step and keeps one quantizer in the code base.
+Queries are quantized on the host with the keys' quantizer (``quantize_index_keys``,
+atomk31/quant/index_keys.py): it is a few KiB per step and keeps one quantizer in the code
+base. The rows are grouped on the device (sorted by request and position, cut every ROWS rows
+of a request); the number of groups the grid spans is a bound computed on the host from the
+row and request counts (`max_row_groups`), so a launch reads nothing back from the device and
+a CUDA / HIP graph can capture it: groups past the real ones are empty and their programs
+return at once.
+
+The op (`atomk31.ops.indexer_score`) checks its arguments before this launcher runs; the
+launcher checks what the target adds (the FP8 variant it executes, FP4 support).
 """
 
 import torch
@@ -27,15 +35,14 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from atomk31.ops.kv_write import INDEX_DIM, check_index_cache, quantize_index_keys
-from atomk31.ops.topk import check_paged_rows
+from atomk31.quant.index_keys import quantize_index_keys
 from gluon_kernels.targets import (
     GluonTarget,
     accumulator_layout,
+    active_target,
     column_major_layout,
     operand_k_width,
     row_major_layout,
-    target_of_device,
 )
 
 BLOCK_S = 64  # key positions per program
@@ -212,33 +219,44 @@ def indexer_score_kernel(
                          mask=m_out)
 
 
+def max_row_groups(num_rows: int, num_requests: int, rows_per_group: int = ROWS) -> int:
+    """An upper bound, from host-known counts only, on the groups `group_query_rows` makes of
+    `num_rows` rows of at most `num_requests` requests: request r's n_r rows make
+    ceil(n_r / R) groups, and sum_r ceil(n_r / R) <= (Nq + (R - 1) N') / R with N' =
+    min(N, Nq) requests holding rows (exact for decode: one row a request)."""
+    holding = min(num_requests, num_rows)
+    return min(num_rows, (num_rows + (rows_per_group - 1) * holding) // rows_per_group)
+
+
 def group_query_rows(
-    row_request: torch.Tensor, row_position: torch.Tensor, rows_per_group: int = ROWS
+    row_request: torch.Tensor, row_position: torch.Tensor, num_groups: int,
+    rows_per_group: int = ROWS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Groups of up to ``rows_per_group`` query rows of one request, for one program each.
 
     Rows of a request are ordered by position before they are cut into groups, so a prefill's
     group spans consecutive positions and its programs stop near the group's causal bound.
-    Returns (group_rows [G, rows_per_group] int32, -1 padded; group_max_position [G] int32).
+    ``num_groups``: at least the groups there are (`max_row_groups`); the rest stay empty.
+    Device work only (no value read back). Returns (group_rows [num_groups, rows_per_group]
+    int32, -1 padded; group_max_position [num_groups] int32, -1 for an empty group).
     """
     device = row_request.device
-    if row_request.numel() == 0:
-        return (torch.empty(0, rows_per_group, dtype=torch.int32, device=device),
-                torch.empty(0, dtype=torch.int32, device=device))
+    group_rows = torch.full((num_groups, rows_per_group), -1, dtype=torch.int32, device=device)
+    group_max_position = torch.full((num_groups,), -1, dtype=torch.int32, device=device)
+    num_rows = row_request.shape[0]
+    if num_rows == 0:
+        return group_rows, group_max_position
     # Sort by (request, position): positions < 2^31, so one int64 key orders both.
     order = torch.argsort(row_request.long() * (1 << 32) + row_position.long(), stable=True)
     sorted_request = row_request[order].long()
     is_new_request = torch.ones_like(sorted_request, dtype=torch.bool)
     is_new_request[1:] = sorted_request[1:] != sorted_request[:-1]
-    run_start = torch.cummax(torch.where(is_new_request, torch.arange(len(order), device=device),
-                                         0), dim=0).values
-    index_in_run = torch.arange(len(order), device=device) - run_start
+    index = torch.arange(num_rows, device=device)
+    run_start = torch.cummax(torch.where(is_new_request, index, 0), dim=0).values
+    index_in_run = index - run_start
     is_group_start = (index_in_run % rows_per_group) == 0
     group_of_row = torch.cumsum(is_group_start.long(), dim=0) - 1
-    num_groups = int(group_of_row[-1]) + 1
-    group_rows = torch.full((num_groups, rows_per_group), -1, dtype=torch.int32, device=device)
     group_rows[group_of_row, index_in_run % rows_per_group] = order.to(torch.int32)
-    group_max_position = torch.zeros(num_groups, dtype=torch.int32, device=device)
     group_max_position.scatter_reduce_(0, group_of_row, row_position[order].to(torch.int32),
                                        reduce="amax", include_self=False)
     return group_rows, group_max_position
@@ -247,6 +265,16 @@ def group_query_rows(
 def padded_heads(num_heads: int) -> int:
     """Heads per matmul tile: a power of two, at least the 16 rows of one MFMA/MMA tile."""
     return max(16, triton.next_power_of_2(num_heads))
+
+
+def check_key_format(target: GluonTarget, index_format: str, fp8_variant: str) -> None:
+    """Raise ValueError unless ``target`` executes this key format (host values only)."""
+    if index_format == "mxfp4" and not target.has_fp4:
+        raise ValueError(f"MXFP4 index keys need FP4 support, which {target.arch} lacks; "
+                         "use --index-key-dtype fp8 (MODEL_SPEC §4.6.1)")
+    if index_format == "fp8" and fp8_variant != target.fp8_variant:
+        raise ValueError(f"{target.arch} executes {target.fp8_variant} FP8, got a "
+                         f"{fp8_variant} key cache; build the cache with {target.fp8_variant}")
 
 
 def indexer_score_gluon(
@@ -263,38 +291,22 @@ def indexer_score_gluon(
     num_positions: int | None = None,
 ) -> torch.Tensor:
     """Indexer scores [Nq, L] fp32 (the `indexer_score` contract) with the Gluon kernel;
-    `num_positions` as in the contract (L from the host, no device read)."""
-    check_index_cache(index_values, index_scales, index_format, fp8_variant)
-    check_paged_rows(block_table, row_request, row_position, block_size)
-    target = target_of_device(q.device)
-    if index_format == "mxfp4" and not target.has_fp4:
-        raise ValueError(f"MXFP4 index keys need FP4 support, which {target.arch} lacks; "
-                         "use --index-key-dtype fp8 (MODEL_SPEC §4.6.1)")
-    if index_format == "fp8" and fp8_variant != target.fp8_variant:
-        raise ValueError(f"{target.arch} executes {target.fp8_variant} FP8, got a "
-                         f"{fp8_variant} key cache; build the cache with {target.fp8_variant}")
-    if index_values.shape[1] != block_size:
-        raise ValueError(f"index cache pages hold {index_values.shape[1]} tokens but block_size "
-                         f"is {block_size}; pass the block size the cache was built with")
+    `num_positions` as in the contract (L from the host: no device read, so graphs capture
+    the launch)."""
+    target = active_target()
+    check_key_format(target, index_format, fp8_variant)
     num_rows = row_request.shape[0]
-    if q.dim() != 3 or q.shape[0] != num_rows or q.shape[2] != INDEX_DIM:
-        raise ValueError(f"q must be [Nq={num_rows}, H_I, {INDEX_DIM}], got {list(q.shape)}")
-    num_heads = q.shape[1]
-    if tuple(head_weights.shape) != (num_rows, num_heads):
-        raise ValueError(f"head_weights must be [Nq={num_rows}, H_I={num_heads}], got "
-                         f"{list(head_weights.shape)}")
-    if num_positions is not None:
-        length = num_positions
-    else:
-        length = int(row_position.max()) + 1 if num_rows else 0
-    scores = torch.full((num_rows, length), -torch.inf, device=q.device)
-    if num_rows == 0:
+    if num_positions is None:
+        num_positions = int(row_position.max()) + 1 if num_rows else 0  # a device sync
+    scores = torch.full((num_rows, num_positions), -torch.inf, device=q.device)
+    if num_rows == 0 or num_positions == 0:
         return scores
     if index_values.stride(-1) != 1 or (index_format == "mxfp4" and index_scales.stride(-1) != 1):
-        raise ValueError("index cache rows must be contiguous in their last dim (a page view)")
-
+        raise ValueError("index cache rows must be contiguous in their last dim; pass page "
+                         "views of the engine's pool")
     q_values, q_scales = quantize_index_keys(q, index_format, fp8_variant)
-    group_rows, group_max_position = group_query_rows(row_request, row_position)
+    num_groups = max_row_groups(num_rows, block_table.shape[0])
+    group_rows, group_max_position = group_query_rows(row_request, row_position, num_groups)
     launch_indexer_score(
         target=target, index_format=index_format,
         q_values=q_values.contiguous().view(torch.uint8), q_scales=q_scales.contiguous(),
@@ -346,34 +358,3 @@ def kernel_constexprs(target: GluonTarget, index_format: str, num_heads: int) ->
         K_LAYOUT=column_major_layout(target, NUM_WARPS),
         K_WIDTH=operand_k_width(target),
     )
-
-
-def compile_examples(target: GluonTarget) -> list:
-    """The instantiations a launch on ``target`` compiles (K3.1's 32 heads; both key formats
-    where the target has FP4), with the instructions their ISA must show."""
-    from gluon_kernels.compile import CompileExample, pointer_signature
-
-    examples = []
-    for index_format in ("fp8", "mxfp4") if target.has_fp4 else ("fp8",):
-        scale_type = "*fp32" if index_format == "fp8" else "*u8"
-        constexprs = kernel_constexprs(target, index_format, num_heads=32)
-        signature = pointer_signature(
-            {"q_values_ptr": "*u8", "q_scales_ptr": scale_type, "head_weights_ptr": "*fp32",
-             "key_values_ptr": "*u8", "key_scales_ptr": scale_type, "block_table_ptr": "*i32",
-             "group_rows_ptr": "*i32", "group_max_position_ptr": "*i32",
-             "row_request_ptr": "*i32", "row_position_ptr": "*i32", "scores_ptr": "*fp32",
-             "num_heads": "i32", "block_size": "i32", "stride_kv_block": "i32",
-             "stride_kv_token": "i32", "stride_ks_block": "i32", "stride_ks_token": "i32",
-             "stride_bt_request": "i32", "stride_scores_row": "i32"},
-            list(constexprs))
-        expected = {
-            ("mfma_scaled", "fp8"): ("v_mfma_scale_f32_16x16x128_f8f6f4",),
-            ("mfma_scaled", "mxfp4"): ("v_mfma_scale_f32_16x16x128_f8f6f4",),
-            ("mfma", "fp8"): ("v_mfma_f32_16x16x32_fp8_fp8",),
-        }.get((target.matmul, index_format), ())
-        examples.append(CompileExample(
-            name=f"indexer_score[{index_format}]", fn=indexer_score_kernel, signature=signature,
-            constexprs=constexprs, num_warps=NUM_WARPS, expected_instructions=expected,
-            # Two waves per SIMD at least: 256 VGPRs (512 unified on CDNA3/4) / 2.
-            max_vgprs=128))
-    return examples
