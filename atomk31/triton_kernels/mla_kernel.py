@@ -228,7 +228,7 @@ def sparse_mla_kernel(
             b_k_own, b_k_other, b_k_rope = _key_tile(cache_ptr, o_k, m_n, o_v, o_w, o_r,
                                                      VALUE_SPLITS)
         else:
-            # Round 2's order: the other half's keys load after the owned half's product.
+            # Without PREFETCH the other half's keys load after the owned half's product.
             p_k = cache_ptr + o_k[:, None]
             b_k_own = tl.load(p_k + o_v[None, :], mask=m_n[:, None], other=0.0)
             b_k_rope = tl.load(p_k + o_r[None, :], mask=m_n[:, None], other=0.0)

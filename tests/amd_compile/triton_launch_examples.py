@@ -54,12 +54,10 @@ def _index_cache(index_format: str, num_blocks: int, block_size: int):
             torch.full((num_blocks, block_size, 4), 127, dtype=torch.uint8))
 
 
-def indexer_score(index_format: str, use_fp8_dot: bool) -> Callable[[], None]:
+def indexer_score(index_format: str) -> Callable[[], None]:
     def run() -> None:
         from atomk31.triton_kernels.indexer_score import indexer_score_triton
 
-        if use_fp8_dot and _fp8_variant() == "e4m3fnuz":
-            return  # the FP8 dot path is for e4m3fn targets (gfx950) only
         block_size, num_rows = 64, 8
         values, scales = _index_cache(index_format, 4, block_size)
         block_table = torch.arange(4, dtype=torch.int32)[None]
@@ -67,7 +65,7 @@ def indexer_score(index_format: str, use_fp8_dot: bool) -> Callable[[], None]:
             torch.randn(num_rows, NUM_INDEX_HEADS, 128), torch.randn(num_rows, NUM_INDEX_HEADS),
             values, scales, index_format, _fp8_variant(), block_table,
             torch.zeros(num_rows, dtype=torch.int32), torch.arange(200, 200 + num_rows),
-            block_size, use_fp8_dot=use_fp8_dot)
+            block_size)
     return run
 
 
@@ -147,13 +145,15 @@ def ptpc_linear(num_tokens: int, in_features: int) -> Callable[[], None]:
 
 def sparse_mla_fp16() -> None:
     """FP16 products over the FP8 cache, and the kernel that scales the queries into FP16."""
+    from atomk31.triton_kernels.mla_tiles import MLATileConfig
     from atomk31.triton_kernels.sparse_mla import sparse_mla_triton
 
     num_rows, num_heads, num_blocks, block_size = 2, 16, 4, 64
     latent_cache = torch.zeros(num_blocks, block_size, 576, dtype=_fp8_dtype())
     slots = torch.randint(0, num_blocks * block_size, (num_rows, 256))
     sparse_mla_triton(torch.randn(num_rows, num_heads, 576, dtype=torch.bfloat16),
-                      latent_cache, 1.0, slots, 576 ** -0.5, num_splits=2, fp16_operands=True)
+                      latent_cache, 1.0, slots, 576 ** -0.5,
+                      MLATileConfig(num_splits=2, fp16_operands=True))
 
 
 def ptpc_linear_tma() -> None:
@@ -199,13 +199,14 @@ def ptpc_linear_tma_hopper() -> None:
 
 def sparse_mla() -> None:
     """FP8 latent cache, 256 selected slots: two key splits, so the combine compiles too."""
+    from atomk31.triton_kernels.mla_tiles import MLATileConfig
     from atomk31.triton_kernels.sparse_mla import sparse_mla_triton
 
     num_rows, num_heads, num_blocks, block_size = 2, 16, 4, 64
     latent_cache = torch.zeros(num_blocks, block_size, 576, dtype=_fp8_dtype())
     slots = torch.randint(0, num_blocks * block_size, (num_rows, 256))
     sparse_mla_triton(torch.randn(num_rows, num_heads, 576, dtype=torch.bfloat16),
-                      latent_cache, 1.0, slots, 576 ** -0.5, num_splits=2)
+                      latent_cache, 1.0, slots, 576 ** -0.5, MLATileConfig(num_splits=2))
 
 
 def sparse_mla_model_heads(num_rows: int) -> Callable[[], None]:
@@ -233,11 +234,12 @@ def dense_mla() -> None:
                      block_size, 576 ** -0.5, rows_per_request=4)
 
 
-def topk(with_slots: bool, collect: str | None = None, **options: object) -> Callable[[], None]:
-    """Top-k of three rows (1, 3000 and 5000 long); `collect` and the launcher's `options`
-    reach the non-default stage kernels."""
+def topk(with_slots: bool, **options: object) -> Callable[[], None]:
+    """Top-k of three rows (1, 3000 and 5000 long); the config `options` reach the non-default
+    stage kernels."""
     def run() -> None:
         from atomk31.triton_kernels.topk import topk_triton
+        from atomk31.triton_kernels.topk_config import TopkConfig
 
         num_rows, num_positions, block_size = 3, 5000, 64
         lengths = torch.tensor([1, 3000, 5000], dtype=torch.int32)
@@ -247,16 +249,14 @@ def topk(with_slots: bool, collect: str | None = None, **options: object) -> Cal
                         torch.arange(num_blocks, dtype=torch.int32)[None],
                         torch.zeros(num_rows, dtype=torch.int32), block_size)
         else:
-            if collect is not None:
-                options["collect"] = collect
-            topk_triton(torch.randn(num_rows, num_positions), 2048, lengths, **options)
+            topk_triton(torch.randn(num_rows, num_positions), 2048, lengths,
+                        config=TopkConfig(**options))
     return run
 
 
 EXAMPLES: dict[str, Callable[[], None]] = {
-    "indexer_score[fp8]": indexer_score("fp8", use_fp8_dot=False),
-    "indexer_score[fp8, fp8 dot]": indexer_score("fp8", use_fp8_dot=True),
-    "indexer_score[mxfp4]": indexer_score("mxfp4", use_fp8_dot=False),
+    "indexer_score[fp8]": indexer_score("fp8"),
+    "indexer_score[mxfp4]": indexer_score("mxfp4"),
     "kv_write[bf16 latent, fp8 keys]": kv_write("fp8", torch.bfloat16),
     "kv_write[fp8 latent, mxfp4 keys]": kv_write("mxfp4", torch.float8_e4m3fn),
     **KDA_EXAMPLES,
@@ -275,8 +275,6 @@ EXAMPLES: dict[str, Callable[[], None]] = {
     "sparse_mla[96 heads, 64 rows]": sparse_mla_model_heads(64),
     "topk": topk(with_slots=False),
     "topk[slots]": topk(with_slots=True),
-    "topk[warp collect]": topk(with_slots=False, collect="warp"),
     "topk[overflow kernel]": topk(with_slots=False, fuse_overflow=False),
     "topk[fused threshold]": topk(with_slots=False, fuse_threshold=True),
-    "topk[pdl]": topk(with_slots=False, pdl=True),
 }

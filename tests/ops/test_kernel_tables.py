@@ -25,7 +25,10 @@ def test_gfx950_runs_the_amd_kernels():
     kernels = tables("gfx950")
     eager, graph = kernels.eager, kernels.graph
     assert kernels.backend == "amd"
-    assert chosen(eager, "indexer_score") == ("amd", "gluon_kernels.indexer_score.indexer_score_gluon")
+    # the Gluon indexer in both tables: its launch sizes its row groups on the host
+    for table in (eager, graph):
+        assert chosen(table, "indexer_score") == \
+            ("amd", "gluon_kernels.amd.indexer_score.indexer_score_gluon")
     assert chosen(eager, "topk_slots") == ("amd", "atomk31.ops.amd_adapters.topk_slots_radix")
     assert chosen(graph, "topk_slots") == ("amd", "atomk31.ops.amd_adapters.topk_slots_radix")
     assert chosen(eager, "sparse_mla", "many_rows") == \
@@ -47,7 +50,15 @@ def test_gfx942_has_no_flydsl_and_an_fnuz_latent():
     reason = kernels.eager.choice("sparse_mla", "many_rows").skipped[0].reason
     assert reason == "needs gfx950, got gfx942"
     assert chosen(kernels.eager, "indexer_score")[0] == "amd"
+    assert chosen(kernels.graph, "indexer_score")[0] == "amd"
     assert chosen(kernels.eager, "moe_experts_mxfp4")[0] == "triton"
+
+
+def test_gfx942_keeps_mxfp4_index_keys_off_the_gluon_indexer():
+    context = KernelContext(Target.named("gfx942"), index_format="mxfp4")
+    eager = select_kernels("amd", context).eager
+    assert chosen(eager, "indexer_score")[0] == "triton"
+    assert "no FP4 there" in eager.choice("indexer_score").skipped[0].reason
 
 
 def test_sm90_takes_the_hopper_kernels_and_the_gluon_indexer_only_in_graphs():
@@ -57,7 +68,11 @@ def test_sm90_takes_the_hopper_kernels_and_the_gluon_indexer_only_in_graphs():
     assert chosen(eager, "indexer_score")[0] == "triton"
     assert "host time" in eager.choice("indexer_score").skipped[0].reason
     assert chosen(graph, "indexer_score") == \
-        ("hopper", "gluon_kernels.indexer_score_hopper_launch.indexer_score_hopper")
+        ("hopper", "gluon_kernels.hopper.indexer_score.indexer_score_hopper")
+    assert chosen(graph, "sparse_mla", "few_rows") == \
+        ("hopper", "gluon_kernels.hopper.sparse_mla.sparse_mla_hopper")
+    assert chosen(graph, "dense_mla") == \
+        ("hopper", "gluon_kernels.hopper.dense_mla.dense_mla_hopper")
     for op in ("dense_mla", "ptpc_linear"):
         assert chosen(eager, op)[0] == chosen(graph, op)[0] == "hopper", op
     for shape in ("few_rows", "many_rows"):

@@ -12,7 +12,7 @@ from atomk31.ops.topk import topk_positions_torch
 
 
 def ranking_keys(scores: torch.Tensor) -> torch.Tensor:
-    """The kernel's 64-bit ranking key in torch (gluon_kernels/radix_topk.py docstring)."""
+    """The kernel's 64-bit ranking key in torch (gluon_kernels/amd/radix_topk.py docstring)."""
     scores = torch.where(scores == 0, 0.0, scores.float())
     bits = scores.view(torch.int32).long() & 0xFFFFFFFF
     ordered = torch.where(bits >= 1 << 31, bits ^ 0xFFFFFFFF, bits | (1 << 31))
@@ -36,7 +36,7 @@ def test_positions_of_selected_keys_sorts_positions_and_pads():
     """The launcher's final order of the k winners (pure torch): ascending positions, whatever
     order the gather's atomics left the keys in (keys of positive and negative scores, whose
     top bits differ), then -1 for the unused entries."""
-    from gluon_kernels.radix_topk import positions_of_selected_keys
+    from gluon_kernels.amd.radix_topk import positions_of_selected_keys
 
     scores = torch.tensor([[2.0, -1.0, 0.5, -3.0, 7.0]])
     keys = ranking_keys(scores[0])
@@ -82,7 +82,7 @@ def test_topk_positions_gluon_matches_torch_on_rocm(num_rows, length, k, lengths
 
 
 def check_topk_positions_gluon(num_rows, length, k, lengths_kind, num_levels):
-    from gluon_kernels.radix_topk import topk_positions_gluon
+    from gluon_kernels.amd.radix_topk import topk_positions_gluon
 
     scores = make_scores(num_rows, length, seed=length + k, num_levels=num_levels)
     if length > 4:

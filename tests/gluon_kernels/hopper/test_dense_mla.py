@@ -1,15 +1,17 @@
-"""Dense MLA on Hopper (gluon_kernels/dense_mla_hopper.py: the warp-specialized sparse kernel in
+"""Dense MLA on Hopper (gluon_kernels/hopper/dense_mla.py: the warp-specialized sparse kernel in
 its dense mode) against dense_mla_torch (§4.5; the dense case of §4.6), on an H100 / H200 with
 the Triton kernel's GPU bounds (relative error of out <= 1e-2, of lse <= 1e-3): decode rows,
 verification rows grouped 2 and 4 to a CTA (in order and shuffled within a request), prefill
 rows of mixed requests, lengths 1, 2049, 5000, 9001 and 17000, block-strided caches, host
-hints and explicit splits. Its offline sm_90 compile is in test_sparse_mla_gluon.py."""
+hints and explicit splits, decode batches of 1 (one head, one key), 16 and 17 rows. Its sm_90
+compile at every batch size: tests/amd_compile/test_gluon_launches.py."""
 
 import pytest
 import torch
 from triton_kernels.test_dense_mla import LATENT_SCALE, MIXED_ROWS, SOFTMAX_SCALE, build_cache, make_rows
 
 from atomk31.ops.dense_mla import dense_mla_torch
+from atomk31.triton_kernels.mla_tiles import MLATileConfig
 
 
 def is_hopper() -> bool:
@@ -26,8 +28,9 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return (diff.norm() / want.double().masked_fill(~finite, 0).norm().clamp_min(1e-30)).item()
 
 
-def check(rows, lengths, block_size=128, num_heads=96, every_other_block=False, **hints):
-    from atomk31.triton_kernels.dense_mla import dense_mla_triton
+def check(rows, lengths, block_size=128, num_heads=96, every_other_block=False, num_splits=None,
+          **hints):
+    from gluon_kernels.hopper.dense_mla import dense_mla_hopper
 
     block_table, cache = build_cache(lengths, block_size, torch.float8_e4m3fn, seed=6,
                                      device="cuda")
@@ -39,7 +42,8 @@ def check(rows, lengths, block_size=128, num_heads=96, every_other_block=False, 
     row_request, row_position, q = make_rows(rows, num_heads, seed=7)
     args = (q.to(torch.bfloat16).cuda(), cache, LATENT_SCALE, block_table, row_request.cuda(),
             row_position.cuda(), block_size, SOFTMAX_SCALE)
-    got_out, got_lse = dense_mla_triton(*args, kernel="gluon_hopper_ws", **hints)
+    got_out, got_lse = dense_mla_hopper(*args, config=MLATileConfig(num_splits=num_splits),
+                                        **hints)
     want_out, want_lse = dense_mla_torch(args[0].float(), *args[1:])
     assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
     assert relative_error(got_out, want_out) < 1e-2
@@ -100,35 +104,15 @@ def test_dense_mla_gluon_grouped_few_heads():
 
 @pytest.mark.gpu
 @needs_hopper
-def test_dense_mla_triton_dispatches_gluon_on_hopper(monkeypatch):
-    """dense_mla_triton's default on Hopper is the Gluon kernel; a tile knob keeps Triton."""
-    import gluon_kernels.dense_mla_hopper as gluon_dense
-    from atomk31.triton_kernels.dense_mla import dense_mla_triton
-
-    calls = []
-    original = gluon_dense.dense_mla_hopper
-    monkeypatch.setattr(gluon_dense, "dense_mla_hopper",
-                        lambda *a, **k: calls.append(1) or original(*a, **k))
-    lengths = [300, 9]
-    block_table, cache = build_cache(lengths, 128, torch.float8_e4m3fn, seed=3, device="cuda")
-    row_request, row_position, q = make_rows([(0, 299), (1, 8)], 96, seed=4)
-    args = (q.to(torch.bfloat16).cuda(), cache, LATENT_SCALE, block_table, row_request.cuda(),
-            row_position.cuda(), 128, SOFTMAX_SCALE)
-    dense_mla_triton(*args)
-    assert calls == [1]
-    dense_mla_triton(*args, rows_per_program=1)
-    assert calls == [1]
-
-
-def test_dense_mla_triton_rejects_unknown_kernel_and_foreign_knobs():
-    from atomk31.triton_kernels.dense_mla import dense_mla_triton
-
-    block_table, cache = build_cache([5], 16, torch.float32, seed=1)
-    args = (torch.zeros(1, 4, 576), cache, 1.0, block_table, torch.tensor([0]),
-            torch.tensor([4]), 16, SOFTMAX_SCALE)
-    with pytest.raises(ValueError, match="kernel must be 'triton' or 'gluon_hopper_ws'"):
-        dense_mla_triton(*args, kernel="x")
-    with pytest.raises(ValueError, match=r"takes num_splits only, got \['block_h'\]"):
-        dense_mla_triton(*args, kernel="gluon_hopper_ws", block_h=64)
-    with pytest.raises(ValueError, match="needs an NVIDIA Hopper GPU, got a cpu tensor"):
-        dense_mla_triton(*args, kernel="gluon_hopper_ws")
+@pytest.mark.parametrize("num_requests, context, num_heads", [(1, 1, 1), (16, 256, 96),
+                                                              (17, 33, 96)],
+                         ids=["one-row-one-head-one-key", "sixteen", "odd"])
+def test_dense_mla_gluon_decode_batches_of_size_one_sixteen_and_odd(num_requests, context,
+                                                                    num_heads):
+    """Decode steps as graphs capture them, with the engine's hints: one row per request at
+    its last position; with one row of one head over one key every size argument is 1 (Triton
+    passes such arguments as constants)."""
+    lengths = [context] * num_requests
+    rows = [(r, context - 1) for r in range(num_requests)]
+    check(rows, lengths, block_size=64, num_heads=num_heads, max_position=context - 1,
+          rows_per_request=1)

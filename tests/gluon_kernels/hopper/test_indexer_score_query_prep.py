@@ -1,4 +1,4 @@
-"""The Hopper Gluon indexer's query preparation (gluon_kernels/indexer_score_hopper_query_prep.py,
+"""The Hopper Gluon indexer's query preparation (gluon_kernels/hopper/indexer_score_query_prep.py,
 one Triton launch) against the contract's quantizer, bit for bit: under Triton's interpreter on
 the CPU, compiled on an sm_90 GPU (``-m gpu``).
 """
@@ -8,13 +8,12 @@ import os
 import pytest
 import torch
 
-from atomk31.ops.kv_write import quantize_index_keys
+from atomk31.quant.index_keys import quantize_index_keys
 
 IS_HOPPER = torch.cuda.is_available() and torch.version.hip is None and \
     torch.cuda.get_device_capability()[0] == 9
 hopper = pytest.mark.skipif(not IS_HOPPER, reason="needs an NVIDIA sm_90 GPU (wgmma, TMA)")
 DEVICE = "cuda"
-PRODUCTS = ["fp16", "fp16_ss", "fp8"]  # the codes' dtypes: FP16 (both exact modes), e4m3fn
 
 
 def awkward_queries(num_rows, num_heads, dtype, seed):
@@ -39,14 +38,13 @@ def awkward_queries(num_rows, num_heads, dtype, seed):
     return q.to(dtype)
 
 
-@pytest.mark.parametrize("product", PRODUCTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_query_prep_is_bit_exact_with_the_quantizer(product, dtype, device="cpu"):
+def test_query_prep_is_bit_exact_with_the_quantizer(dtype, device="cpu"):
     """The launcher's one-launch query preparation (a Triton kernel, run here by the
     interpreter; compiled on the GPU below) against the contract's quantizer: codes bit for
-    bit (FP16 or e4m3fn), padded heads zero, weights x query scales bit for bit (zero past
-    H_I); a strided q view."""
-    from gluon_kernels.indexer_score_hopper_query_prep import prepare_queries
+    bit (as FP16), padded heads zero, weights x query scales bit for bit (zero past H_I); a
+    strided q view."""
+    from gluon_kernels.hopper.indexer_score_query_prep import prepare_queries
 
     if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("CPU tensors need Triton's interpreter (the GPU variant runs compiled)")
@@ -56,14 +54,13 @@ def test_query_prep_is_bit_exact_with_the_quantizer(product, dtype, device="cpu"
     wide[:, ::2] = q
     q = wide[:, ::2]  # strided heads: a view, as a caller's slice
     weights = torch.randn(num_rows, num_heads, generator=torch.Generator().manual_seed(24))
-    codes, folded = prepare_queries(q.to(device), weights.to(device), heads_pad, product)
+    codes, folded = prepare_queries(q.to(device), weights.to(device), heads_pad)
     codes, folded = codes.cpu(), folded.cpu()
     want_values, want_scales = quantize_index_keys(q, "fp8", "e4m3fn")
-    want_codes = want_values if product == "fp8" else want_values.to(torch.float16)
+    want_codes = want_values.to(torch.float16)
     assert codes.dtype == want_codes.dtype and codes.shape == (num_rows, heads_pad, 128)
-    bits = torch.uint8 if product == "fp8" else torch.int16
-    assert torch.equal(codes[:, :num_heads].view(bits), want_codes.view(bits))
-    assert not codes[:, num_heads:].view(bits).any()
+    assert torch.equal(codes[:, :num_heads].view(torch.int16), want_codes.view(torch.int16))
+    assert not codes[:, num_heads:].view(torch.int16).any()
     want_weights = weights.float() * want_scales
     assert torch.equal(folded[:, :num_heads].view(torch.int32), want_weights.view(torch.int32))
     assert not folded[:, num_heads:].any()
@@ -75,7 +72,6 @@ def test_query_prep_is_bit_exact_with_the_quantizer(product, dtype, device="cpu"
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("product", PRODUCTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_query_prep_compiled_is_bit_exact_with_the_quantizer(product, dtype):
-    test_query_prep_is_bit_exact_with_the_quantizer(product, dtype, device=DEVICE)
+def test_query_prep_compiled_is_bit_exact_with_the_quantizer(dtype):
+    test_query_prep_is_bit_exact_with_the_quantizer(dtype, device=DEVICE)
