@@ -7,7 +7,11 @@ returns (out [Nq, H, 512] fp32, lse [Nq, H] fp32).
 One workgroup (one wave of 64 lanes) per (query row, group of 16 local heads). It reads the
 selected rows straight from the FP8 latent cache, 16 rows per step, never materialising
 dequantized rows, and keeps the online-softmax state and the [16 heads, 512] output in
-registers:
+registers. The cache is any page view with 8-byte aligned rows, read in place: the engine's
+`layer_view` of its packed pool (atomk31/cache/layout.py) strides each layer's pages by the
+whole block row, so the launcher passes the bytes the view spans (`latent_span`) with the
+block and token strides, and a slot's row is found at block x block stride + token x token
+stride (64-bit: a pool is larger than 2^31 bytes):
 
 * scores, transposed: ``S^T[key, head] = K_tile[16, 576] · Q[16, 576]^T`` with 18
   ``v_mfma_f32_16x16x32_fp8_fp8`` (queries quantized to e4m3 per (row, head) on the host, one
@@ -20,7 +24,9 @@ registers:
 
 Accuracy: the query goes through e4m3 (§6.1) and P through bf16, as in production FP8 MLA
 kernels; the tests therefore compare against the torch op with the queries pre-rounded the
-same way and a bf16-level tolerance. Requires K3.1's 576-wide rows; H padded to 16.
+same way and a bf16-level tolerance. Requires K3.1's 576-wide rows; H padded to 16. The op
+checks its arguments before the launcher runs; the registry runs it on gfx950 for prefill's
+many rows (`sparse_mla`'s "many_rows" shape class), with nothing else behind it.
 """
 
 import torch

@@ -2,7 +2,8 @@
 
 Each function calls a FlyDSL launcher exactly as the engine's op table does: the arguments
 shaped and strided as the model hands them over (the latent page of a `PackedLayout` pool's
-`layer_view`, strided by the whole block row; the slots `topk_slots` returns). Under
+`layer_view`, strided by the whole block row; the slots `topk_slots` returns for a prefill
+chunk's `ForwardBatch` rows). Under
 FlyDSL's COMPILE_ONLY=1 the launch compiles the kernel for ARCH and runs nothing
 (compile_flydsl_kernel.py starts one in a subprocess with that environment).
 """
@@ -24,12 +25,27 @@ def engine_latent_view(block_size: int = 128, num_blocks: int = 9) -> torch.Tens
     return latent
 
 
+def prefill_slots(num_rows: int, start: int, block_size: int, k: int) -> torch.Tensor:
+    """What `ops.topk_slots` hands sparse MLA for a prefill chunk of one request: rows at
+    positions start .. start + num_rows - 1 (atomk31/model/mla_layer.py's arguments)."""
+    from atomk31.ops.topk import topk_slots_torch
+
+    positions = torch.arange(start, start + num_rows)
+    num_blocks = -(-(start + num_rows) // block_size)
+    block_tables = torch.arange(num_blocks, dtype=torch.int32)[None]
+    scores = torch.randn(num_rows, start + num_rows)
+    return topk_slots_torch(scores, k, positions + 1, block_tables,
+                            torch.zeros(num_rows, dtype=torch.int32), block_size)
+
+
 def sparse_mla_engine_view(num_rows: int = MANY_ROWS, k: int = 2048) -> None:
-    """A prefill chunk's sparse MLA over the engine's strided latent view."""
+    """A prefill chunk's sparse MLA (the "many_rows" class) over the engine's strided
+    latent view, with the slots topk_slots gives it."""
     from flydsl_kernels.sparse_mla import sparse_mla_flydsl
 
-    latent = engine_latent_view()
-    num_slots = latent.shape[0] * latent.shape[1]
-    slots = torch.randint(-1, num_slots, (num_rows, k), dtype=torch.int32)
+    block_size = 128
+    latent = engine_latent_view(block_size, num_blocks=-(-(k + num_rows) // block_size))
+    slots = prefill_slots(num_rows, k, block_size, k)
+    assert slots.dtype == torch.int32 and slots.shape == (num_rows, k)
     q = torch.randn(num_rows, NUM_HEADS, 576).to(torch.bfloat16)
     sparse_mla_flydsl(q, latent, 1.0, slots, 192 ** -0.5)
