@@ -61,8 +61,8 @@ CONTEXTS = [16384, 131072]
 ROWS_PER_REQUEST = [1, 4]
 # (rows per request passed as the hint (1: none), heads, keys per step, warps, stages, splits
 # or None, scores via memory, value splits) per rows/request; None: the launcher's choice.
-# The first of each list is round 1's best; "vs2": two programs per query block, each owning
-# half of the value columns (see bench_sparse_mla.py).
+# The first of each list is the fastest measured; "vs2": two programs per query block, each
+# owning half of the value columns (see bench_sparse_mla.py).
 CONFIGS = {
     1: [(1, 64, 128, 8, 1, None, False, 1), (1, 64, 128, 8, 1, 8, False, 1),
         (1, 64, 64, 4, 1, None, False, 2), (1, 64, 128, 4, 1, None, False, 2),

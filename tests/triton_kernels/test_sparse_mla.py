@@ -230,8 +230,7 @@ def test_fewest_splits_filling_waves_on_132_multiprocessors(num_programs, max_sp
 
 # (rows a program, programs' row groups, keys, sparse) -> (block_h, block_n, splits, warps,
 # stages, value splits, scores via memory, prefetch, fp16 operands) of the fastest tiles
-# measured for 96 heads on CUDA (round 2; round 3 for few sparse rows; session 4: FP16 products
-# for many sparse rows).
+# measured for 96 heads on CUDA (mla_tiles.py's `_cuda_many_heads_tiles`).
 CUDA_96_HEAD_TILES = [
     # 16 sparse rows: one split here (a CPU tensor: one multiprocessor); 4 on an H200
     ((1, 16, 2048, True), (128, 64, 1, 8, 1, 2, False, 1, True)),
@@ -239,7 +238,7 @@ CUDA_96_HEAD_TILES = [
     ((1, 16, 2048, False), (64, 64, 16, 8, 1, 1, True, 0, False)),  # dense, short context
     ((1, 16, 131072, False), (128, 64, 1, 8, 1, 2, False, 0, False)),  # dense, 1 row a request
     ((4, 16, 16384, False), (32, 64, 1, 8, 1, 2, False, 0, False)),  # dense, 4 rows a request
-    ((2, 16, 16384, False), (32, 64, 1, 8, 2, 1, False, 0, False)),  # 2 rows: round 1's choice
+    ((2, 16, 16384, False), (32, 64, 1, 8, 2, 1, False, 0, False)),  # 2 rows: two stages
 ]
 
 
@@ -261,7 +260,7 @@ def test_choose_tiles_cuda_defaults_for_96_heads(monkeypatch, shape, want):
     assert (tiles.block_h, tiles.block_n, tiles.num_splits, tiles.num_warps, tiles.num_stages,
             tiles.value_splits, tiles.scores_via_memory, tiles.prefetch,
             tiles.fp16_operands) == want
-    # A caller's tile knob keeps round 1's rule for the rest (value_splits default 1).
+    # A caller's tile knob keeps the generic rule for the rest (value_splits default 1).
     fixed = mla_tiles.choose_tiles(q, False, False, num_groups, max_keys, rows_per_program,
                                    MLATileConfig(block_h=64 // rows_per_program))
     assert fixed.value_splits == 1

@@ -220,7 +220,7 @@ def test_topk_triton_interpreter_size_one_and_odd_sizes(interpreted, num_rows, l
 GPU_PIPELINES = {"cumsum": {"staged_ballot": False}, "ways16": {"search_ways": 16},
                  # the default at >= 64 rows (these batches have 8)
                  "fused_threshold": {"fuse_threshold": True},
-                 # session 6 round 2's launch: stages 1 and 2 apart, the overflow kernel
+                 # the defaults below 64 rows: stages 1 and 1b apart, the overflow kernel
                  "split": {"fuse_threshold": False, "fuse_overflow": False, "search_ways": 64}}
 
 
