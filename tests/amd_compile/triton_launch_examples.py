@@ -141,7 +141,8 @@ def ptpc_linear(num_tokens: int, in_features: int) -> Callable[[], None]:
             in_features, a.stride(0), w_q.stride(0), c.stride(0),
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
             GROUP_M=config.group_m, SPLIT_K=config.split_k, DOT_FP32=False,
-            num_warps=config.num_warps, num_stages=config.num_stages)
+            PROMOTE_EVERY=config.promote_every, num_warps=config.num_warps,
+            num_stages=config.num_stages)
     return run
 
 
@@ -154,47 +155,6 @@ def sparse_mla_fp16() -> None:
     slots = torch.randint(0, num_blocks * block_size, (num_rows, 256))
     sparse_mla_triton(torch.randn(num_rows, num_heads, 576, dtype=torch.bfloat16),
                       latent_cache, 1.0, slots, 576 ** -0.5, num_splits=2, fp16_operands=True)
-
-
-def ptpc_linear_tma() -> None:
-    """The tensor-descriptor (TMA) GEMM: chosen on sm_90 only, but portable Triton, so it is held
-    to the same AMD checks in a portable configuration: 8 warps, 2 stages, promotion per K tile
-    (Hopper's warp-specialized config needs in-kernel descriptors and a CUDA allocator; its
-    lagged-promotion config holds two partial accumulators and spills on gfx950)."""
-    from atomk31.triton_kernels.ptpc_fp8 import ptpc_quantize_triton
-    from atomk31.triton_kernels.ptpc_fp8_config import GemmConfig
-    from atomk31.triton_kernels.ptpc_fp8_tma import launch_ptpc_gemm_tma
-
-    num_tokens, in_features, out_features = 300, 512, 256
-    a, a_scale = ptpc_quantize_triton(
-        torch.randn(num_tokens, in_features, dtype=torch.bfloat16), _fp8_dtype())
-    w_q = torch.zeros(out_features, in_features, dtype=_fp8_dtype())
-    c = torch.empty(num_tokens, out_features, dtype=torch.bfloat16)
-    launch_ptpc_gemm_tma(a, w_q, a_scale, torch.ones(out_features), c,
-                         GemmConfig(128, 128, 128, num_warps=8, num_stages=2, tma=True,
-                                    promote_per_tile=True), on_interpreter=False,
-                         num_programs=1)
-
-
-def ptpc_linear_tma_hopper() -> None:
-    """The TMA GEMM in Hopper's own default config (``HOPPER_TMA_CONFIG``, paired K tiles over
-    3 stages): compiled for sm_90 only (192 KiB of shared memory and two partial accumulators
-    are Hopper's budget, not an AMD one), so it compiles nothing on AMD targets."""
-    import triton
-
-    from atomk31.triton_kernels.ptpc_fp8 import ptpc_quantize_triton
-    from atomk31.triton_kernels.ptpc_fp8_config import HOPPER_TMA_CONFIG
-    from atomk31.triton_kernels.ptpc_fp8_tma import launch_ptpc_gemm_tma
-
-    if triton.runtime.driver.active.get_current_target().backend != "cuda":
-        return
-    num_tokens, in_features, out_features = 300, 512, 256
-    a, a_scale = ptpc_quantize_triton(
-        torch.randn(num_tokens, in_features, dtype=torch.bfloat16), _fp8_dtype())
-    w_q = torch.zeros(out_features, in_features, dtype=_fp8_dtype())
-    c = torch.empty(num_tokens, out_features, dtype=torch.bfloat16)
-    launch_ptpc_gemm_tma(a, w_q, a_scale, torch.ones(out_features), c, HOPPER_TMA_CONFIG,
-                         on_interpreter=False, num_programs=1)
 
 
 def sparse_mla() -> None:
@@ -265,8 +225,6 @@ EXAMPLES: dict[str, Callable[[], None]] = {
     "gated_rms_norm_fp8": gated_rms_norm_fp8,
     "ptpc_linear[decode]": ptpc_linear(3, 4096),
     "ptpc_linear[prefill]": ptpc_linear(300, 512),
-    "ptpc_linear[tma]": ptpc_linear_tma,
-    "ptpc_linear[tma, Hopper default]": ptpc_linear_tma_hopper,
     **MOE_EXAMPLES,
     "sparse_mla[fp8 cache]": sparse_mla,
     "dense_mla": dense_mla,

@@ -58,8 +58,14 @@ def test_sm90_takes_the_hopper_kernels_and_the_gluon_indexer_only_in_graphs():
     assert "host time" in eager.choice("indexer_score").skipped[0].reason
     assert chosen(graph, "indexer_score") == \
         ("hopper", "gluon_kernels.indexer_score_hopper_launch.indexer_score_hopper")
-    for op in ("dense_mla", "ptpc_linear"):
-        assert chosen(eager, op)[0] == chosen(graph, op)[0] == "hopper", op
+    assert chosen(eager, "dense_mla")[0] == chosen(graph, "dense_mla")[0] == "hopper"
+    # PTPC: the Gluon kernel for many-row GEMMs (eager: the large ones), the pointer kernel for
+    # decode rows and narrow outputs (tests/ops/test_linear.py has the whole table)
+    assert chosen(eager, "ptpc_linear", "large_gemm") == \
+        ("hopper", "gluon_kernels.hopper.ptpc_fp8_launch.ptpc_linear_hopper")
+    assert chosen(graph, "ptpc_linear", "small_gemm")[0] == "hopper"
+    assert chosen(eager, "ptpc_linear", "small_gemm")[0] == "triton"
+    assert chosen(graph, "ptpc_linear", "few_rows")[0] == "triton"
     for shape in ("few_rows", "many_rows"):
         assert chosen(graph, "sparse_mla", shape)[0] == "hopper"
     assert kernels.why_no_graphs(ops_called={"indexer_score", "sparse_mla"}) is None

@@ -1,0 +1,1 @@
+"""Gluon kernels written for NVIDIA Hopper (sm_90): wgmma, TMA, warp specialization."""
