@@ -73,7 +73,6 @@ def kda_prefill_triton(
     scale: float,
     chunk_size: int = 64,
     snapshot_at: torch.Tensor | None = None,
-    intermediate_dtype: torch.dtype | None = None,
     tuning: KdaPrefillTuning | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Chunked KDA -> (o [T, H, V] in v.dtype, final_state fp32 [N, H, K, V],
@@ -81,9 +80,9 @@ def kda_prefill_triton(
 
     q, k: [T, H, K] raw; v: [T, H, V]; g: fp32 [T, H, K] log-decay; beta: fp32 [T, H];
     initial_state: fp32 [N, H, K, V] (not modified); cu_seqlens: int32 [N+1];
-    snapshot_at: int64 [M, 2] rows (request, tokens). ``intermediate_dtype`` (default: v's
-    dtype when it is BF16/FP16, else fp32) and ``tuning`` (kda_prefill_tuning.py) are
-    tuning knobs.
+    snapshot_at: int64 [M, 2] rows (request, tokens). ``tuning``: the stages' kernels and
+    tiles (kda_prefill_tuning.py; None: ``default_tuning``), the intermediates' dtype among them
+    (None: v's dtype when it is BF16/FP16, else fp32).
     """
     if chunk_size != CHUNK_SIZE:
         raise ValueError(f"kda_prefill (triton) supports chunk_size={CHUNK_SIZE} only, got "
@@ -104,8 +103,8 @@ def kda_prefill_triton(
         table = chunk_table(plan, device)
     q, k, v = (_token_major(x) for x in (q, k, v))
     g, beta = g.float().contiguous(), beta.float().contiguous()
-    if intermediate_dtype is None:
-        intermediate_dtype = v.dtype if v.dtype in (torch.bfloat16, torch.float16) else torch.float32
+    intermediate_dtype = tuning.intermediate_dtype or \
+        (v.dtype if v.dtype in (torch.bfloat16, torch.float16) else torch.float32)
     intra = run_intra(q, k, v, g, beta, table["chunk_start"], table["chunk_len"], scale,
                       intermediate_dtype, tuning)
     num_snapshots = len(snapshot_rows)

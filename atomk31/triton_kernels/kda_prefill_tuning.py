@@ -5,10 +5,13 @@ The defaults are the launchers' choices; benchmarks pass other values to compare
 
 from dataclasses import dataclass
 
+import torch
+
 
 @dataclass(frozen=True)
 class KdaPrefillTuning:
     """None: the stage launcher's default for the inputs' dtype and the number of requests."""
+    intermediate_dtype: torch.dtype | None = None  # w/qg/kd/u (None: v's dtype if 16-bit)
     intra_split: bool = False           # stage 1 as scores+solve then gated rows+w/u (2 kernels)
     scores_block_k: int = 32            # split stage 1a: head channels per slice
     scores_num_warps: int = 4           # split stage 1a

@@ -166,8 +166,8 @@ def test_kda_prefill_triton_compact_scores_under_bf16_intermediates(tuning):
     # 16-bit aqk and inverse (BF16 intermediates on fp32 inputs: the interpreter's products
     # stay fp32): within BF16 rounding of the torch op.
     q, k, v, g, beta, state, bounds = random_inputs([70], seed=17)
-    compact = kda_prefill_triton(q, k, v, g, beta, state, bounds, 0.1, tuning=tuning,
-                                 intermediate_dtype=torch.bfloat16)
+    compact = kda_prefill_triton(q, k, v, g, beta, state, bounds, 0.1,
+                                 tuning=replace(tuning, intermediate_dtype=torch.bfloat16))
     expected = kda_prefill_torch(q, k, v, g, beta, state, bounds, 0.1)
     assert_relative_close("o vs torch", compact[0], expected[0], 2e-2)
     assert_relative_close("final_state vs torch", compact[1], expected[1], 2e-2)
