@@ -24,11 +24,10 @@ own shapes; the measurements behind them: benchmarks/NOTES.md, "PTPC: shape clas
 * ``narrow`` (M >= 128, N < 1024: kv_a's 576 columns): the pointer kernel, whose split K fills
   the GPU where 128-column tiles cannot.
 * ``small_gemm`` (M >= 128, N >= 1024, under 5e10 FLOP): the hopper target's Gluon kernel in
-  graph steps (1.3-2.0x the pointer kernel's speed at M = 128-256); eager steps keep
-  the pointer kernel, because a Gluon launch costs ~0.1-0.2 ms more host time, more than the
-  GEMM itself.
+  graph steps, where it beats the pointer kernel; eager steps keep the pointer kernel, because
+  a Gluon launch costs more host time than such a GEMM takes on the GPU.
 * ``large_gemm`` (M >= 128, N >= 1024, 5e10 FLOP or more: prefill): the Gluon kernel in both
-  steps (0.97-1.04x torch._scaled_mm, against the pointer kernel's 0.7x).
+  steps, at torch._scaled_mm's speed where the pointer kernel reaches ~0.7 of it.
 
 Tests: torch implementations against float64 formulas (the quantizer bit-exact: its scale
 and ``x / scale`` are correctly rounded fp32 quotients on every device). The Triton quantizer

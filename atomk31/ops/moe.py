@@ -23,7 +23,7 @@ Contracts (T = tokens, D = hidden size, E = routed experts, k = top_k, Dl = late
 * ``moe_experts_dense(z, topk_weights, topk_ids, w13 [E, 2F, Dl], w2 [E, Dl, F], beta,
   linear_beta) -> u fp32 [T, Dl]``: the same for a dequantized (BF16 or fp32) checkpoint.
 
-One-multiply decode (DECIDED HERE, issue #6): the BF16 Triton kernels build a weight as
+One-multiply decode (DECIDED HERE): the BF16 Triton kernels build a weight as
 E2M1 * 2^-126 (a BF16 subnormal for code 0.5) and scale it by the E8M0 factor 2^(s-127). Two
 exact BF16 multiplies (by 2^126, then by 2^(s-127)) work for every byte; one multiply by
 2^(s-1-64) gives the weight times 2^-64 (undone on the fp32 accumulator) and is exact only

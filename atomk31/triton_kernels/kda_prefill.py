@@ -14,9 +14,8 @@ It plans the chunks on the host, then runs the stages in order:
    ``kda_prefill_scores_wide``, before the gated kernel; or (``scores_wide`` and
    ``fold_w_u``) with no gated kernel at all: the wide kernel also writes the gated rows
    qg, kd, kb = β k̂ ⊙ exp(Γ), and stage 2 forms V' = P (β v - kb S) itself, so w and u
-   never go through memory (at 1 x 8K this drops stage 1b's ~1.9 GB of traffic, 0.70 ms,
-   for ~0.6 GB more writes in stage 1a and one [64, 64] x [64, BLOCK_V] product more per
-   chunk in stage 2);
+   never go through memory (stage 1b's traffic, ~1.9 GB at 1 x 8K, traded for ~0.6 GB more
+   writes in stage 1a and one [64, 64] x [64, BLOCK_V] product more per chunk in stage 2);
 2. ``kda_prefill_state`` (one program per request, head and value block, chunk after
    chunk): the state, the snapshots, and either the output (fused) or, by default, the
    state before each chunk and V' for stage 3;
@@ -187,19 +186,15 @@ def _wide_with_gated_rows(
 
 
 def default_tuning(dtype: torch.dtype) -> KdaPrefillTuning:
-    """The launchers' choices, per target and input dtype.
+    """The launchers' choices, per target and input dtype (the measurements behind them:
+    benchmarks/NOTES.md, "KDA prefill").
 
     CUDA, BF16/FP16 inputs: stage 1a as [64, 64] accumulators (kda_prefill_scores_wide.py,
     BF16 score products, 16-bit aqk and inverse, TF32 solve as fla's) writing the gated rows
-    too, w and u folded into stage 2 (``fold_w_u``: no stage 1b), and the chunk table planned
-    on the GPU when there are no snapshots. H200, session 5 round 1, 96 heads, checked against
-    the torch op in the same run (err 0.50 of the bound, as every variant): 1 x 8K 2.358 ms
-    = 1.255x fla's chunk_kda (2.958), 1 x 32K 9.251 ms = 1.265x (11.698); stages 1a 1.433,
-    2 0.627, 3 0.296 ms. Against session 4's default (TF32 scores, stage 1b: 2.876 ms): BF16
-    scores -0.19 ms, the fold -0.30 ms (stage 1b's 0.70 ms gone; stage 1a +0.21-0.24, stage 2
-    +0.16). Session 4: the host planner's sync left the GPU idle 0.38-0.77 ms per call, the
-    device planner 0.01 ms. FP32 inputs keep the single kernel, the one their GPU tests
-    covered. AMD: a lane has 512 VGPRs, 256 for two waves per SIMD; 8-warp stage 1,
+    too, w and u folded into stage 2 (``fold_w_u``: no stage 1b, whose memory traffic was
+    longer than the work the fold adds), and the chunk table planned on the GPU when there are
+    no snapshots (the host planner's sync leaves the GPU idle). FP32 inputs keep the exact
+    single kernel. AMD: a lane has 512 VGPRs, 256 for two waves per SIMD; 8-warp stage 1,
     64-wide stage 3 and 32-wide, (gfx942) unpipelined stage 2 stay within them (4 warps /
     128-wide / 64-wide stage 2 / 2 stages need 264-290)."""
     if runs_on_interpreter(kda_prefill_intra_kernel):

@@ -117,10 +117,10 @@ def default_stages_and_registers(mode: str, gather_rows: bool, word_decode: str,
     """(num_stages, max_registers) unless given: 2 stages and a 128-register cap (4 programs
     per SM instead of 2: 50 KB of shared memory, no spills) for gathered rows with the PTX word
     decode; else 3 stages, no cap."""
-    measured = mode == "dot_t_words" and gather_rows and word_decode.startswith("ptx")
+    gathered_ptx = mode == "dot_t_words" and gather_rows and word_decode.startswith("ptx")
     if num_stages is None:
-        num_stages = 2 if measured else 3
-    if max_registers is None and measured:
+        num_stages = 2 if gathered_ptx else 3
+    if max_registers is None and gathered_ptx:
         max_registers = 128
     return num_stages, max_registers
 

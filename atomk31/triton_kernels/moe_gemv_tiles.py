@@ -135,7 +135,7 @@ def load_words_tile(p_words, k0, STRIDE_WORDS: tl.constexpr, BLOCK_N: tl.constex
                     BLOCK_K: tl.constexpr):
     """The packed words of rows p_words[0 .. BLOCK_N-1] for inputs k0 .. k0 + BLOCK_K, as int32
     [BLOCK_N, 4 (c), BLOCK_K / 32 (q)], as _words_tile_weights loads them (there inline, beside
-    its scale load: that order is the measured GEMV's)."""
+    its scale load, in the GEMV's order)."""
     Q: tl.constexpr = BLOCK_K // 32
     WORDS: tl.constexpr = BLOCK_K // 8
     o_n = tl.arange(0, BLOCK_N)

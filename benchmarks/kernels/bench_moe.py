@@ -84,16 +84,15 @@ def variants(num_tokens: int, quick: bool) -> dict[str, tuple[str, dict]]:
     if num_tokens <= 64:
         cases["default 2f"] = (DEFAULT, TWO_FACTORS)
     if num_tokens <= 16:
-        # Session 5, round 1: 128 weight rows on 8 warps (two warpgroups sharing one
-        # activation tile) lost at 1 / 4 / 16 tokens (0.121 / 0.282 / 0.421 vs 0.109 / 0.267 /
-        # 0.401 ms): full bench only, with session 4's losers.
+        # 128 weight rows on 8 warps (two warpgroups sharing one activation tile) and the
+        # other measured losers (benchmarks/NOTES.md): full bench only.
         if not quick:
             cases |= {"words n128 k256 w8": gemv(128, 256, num_warps=8),
                       "words n64 k512 s2": gemv(64, 512, num_stages=2),
                       "words n64 k256 s2 r80": gemv(64, 256, num_stages=2, max_registers=80)}
     elif num_tokens <= 64:
         # Default: gathered rows, 32 per chunk, 64 x 256 tiles, 2 stages, 128 registers.
-        # 128 rows on 8 warps: round 1 0.589 vs 0.598 ms (within run-to-run spread): again.
+        # 128 rows on 8 warps: within run-to-run spread of the default (NOTES.md): again.
         cases["gather n128 k256 w8 s2"] = gemv(128, 256, num_warps=8, num_stages=2,
                                                gather_rows=True, block_m=32)
         if not quick:
