@@ -6,13 +6,10 @@ It plans the chunks on the host, then runs the stages in order:
 1. stage 1 (one program per chunk and head, all in parallel): the chunk-local scores, the
    unit lower-triangular solve and the gated keys/queries. In one kernel,
    ``kda_prefill_intra``; or (``KdaPrefillTuning.intra_split``) in two,
-   ``kda_prefill_scores`` (scores and the solve, the head dimension in slices) then
-   ``kda_prefill_gated`` (gated rows, w and u as [64, 64] x [64, BLOCK] matmuls); or
-   (``scores_columns``) with the scores as [64, 16] column blocks,
-   ``kda_prefill_scores_columns``, before the gated kernel or (``fuse_gated``) with its work
-   in the same program; or (``scores_wide``) with [64, 64] accumulators,
-   ``kda_prefill_scores_wide``, before the gated kernel; or (``scores_wide`` and
-   ``fold_w_u``) with no gated kernel at all: the wide kernel also writes the gated rows
+   ``kda_prefill_scores_wide`` (scores and the solve as [64, 64] accumulators, the head
+   dimension in slices) then ``kda_prefill_gated`` (gated rows, w and u as [64, 64] x
+   [64, BLOCK] matmuls); or (``intra_split`` and ``fold_w_u``) with no gated kernel at all:
+   the wide kernel also writes the gated rows
    qg, kd, kb = β k̂ ⊙ exp(Γ), and stage 2 forms V' = P (β v - kb S) itself, so w and u
    never go through memory (stage 1b's traffic, ~1.9 GB at 1 x 8K, traded for ~0.6 GB more
    writes in stage 1a and one [64, 64] x [64, BLOCK_V] product more per chunk in stage 2);
@@ -48,10 +45,6 @@ from atomk31.triton_kernels.kda_prefill_intra import (
 )
 from atomk31.triton_kernels.kda_prefill_output import kda_prefill_output
 from atomk31.triton_kernels.kda_prefill_plan import plan_chunks_on_device
-from atomk31.triton_kernels.kda_prefill_scores import kda_prefill_scores
-from atomk31.triton_kernels.kda_prefill_scores_columns import (
-    kda_prefill_intra_columns, kda_prefill_scores_columns,
-)
 from atomk31.triton_kernels.kda_prefill_scores_wide import kda_prefill_scores_wide
 from atomk31.triton_kernels.kda_prefill_state import kda_prefill_state
 from atomk31.triton_kernels.kda_prefill_tuning import KdaPrefillTuning
@@ -128,34 +121,16 @@ def run_intra(
     chunk_start: torch.Tensor, chunk_len: torch.Tensor, scale: float,
     intermediate_dtype: torch.dtype, tuning: KdaPrefillTuning,
 ) -> dict[str, torch.Tensor]:
-    """Stage 1, split in two kernels (kda_prefill_scores.py, kda_prefill_gated.py) or in one
-    (kda_prefill_intra.py), as ``tuning`` says; both return the same intermediates."""
-    if tuning.scores_columns and tuning.fuse_gated:
-        return kda_prefill_intra_columns(q, k, v, g, beta, chunk_start, chunk_len, scale,
-                                         intermediate_dtype, tuning.scores_block_k,
-                                         tuning.scores_num_warps, tuning.scores_tf32_solve,
-                                         tuning.scores_bf16, tuning.compact_scores,
-                                         tuning.gated_block, tuning.bf16_products)
+    """Stage 1, in one kernel (kda_prefill_intra.py) or split (kda_prefill_scores_wide.py,
+    then kda_prefill_gated.py unless the gated rows are folded into stage 2), as ``tuning``
+    says; every path returns what stage 2 reads."""
+    if tuning.intra_split and tuning.fold_w_u:
+        return _wide_with_gated_rows(q, k, v, g, beta, chunk_start, chunk_len, scale,
+                                     intermediate_dtype, tuning)
     if tuning.intra_split:
-        # The column blocks first: a tuning that asks for them on top of the CUDA default
-        # (whose scores_wide is set) gets them.
-        if tuning.scores_columns:
-            scores = kda_prefill_scores_columns(q, k, g, beta, chunk_start, chunk_len, scale,
-                                                tuning.scores_block_k, tuning.scores_num_warps,
-                                                tuning.scores_tf32_solve, tuning.scores_bf16,
-                                                intermediate_dtype if tuning.compact_scores
-                                                else torch.float32)
-        elif tuning.scores_wide and tuning.fold_w_u:
-            return _wide_with_gated_rows(q, k, v, g, beta, chunk_start, chunk_len, scale,
-                                         intermediate_dtype, tuning)
-        elif tuning.scores_wide:
-            scores = kda_prefill_scores_wide(q, k, g, beta, chunk_start, chunk_len, scale, tuning,
-                                             intermediate_dtype if tuning.compact_scores
-                                             else torch.float32)
-        else:
-            scores = kda_prefill_scores(q, k, g, beta, chunk_start, chunk_len, scale,
-                                        tuning.scores_block_k, tuning.scores_num_warps,
-                                        tuning.scores_tf32_solve)
+        scores = kda_prefill_scores_wide(q, k, g, beta, chunk_start, chunk_len, scale, tuning,
+                                         intermediate_dtype if tuning.compact_scores
+                                         else torch.float32)
         return kda_prefill_gated(q, k, v, g, beta, chunk_start, chunk_len, scores,
                                  intermediate_dtype, tuning.gated_block, tuning.gated_num_warps,
                                  tuning.bf16_products)
@@ -202,7 +177,7 @@ def default_tuning(dtype: torch.dtype) -> KdaPrefillTuning:
     target = driver.active.get_current_target()
     if target.backend != "hip":
         if dtype in (torch.bfloat16, torch.float16):
-            return KdaPrefillTuning(intra_split=True, scores_wide=True, compact_scores=True,
+            return KdaPrefillTuning(intra_split=True, compact_scores=True,
                                     scores_tf32_solve=True, plan_on_device=True,
                                     scores_bf16=True, fold_w_u=True)
         return KdaPrefillTuning()

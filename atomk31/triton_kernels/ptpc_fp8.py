@@ -74,6 +74,20 @@ def ptpc_quantize_kernel(
 
 
 @triton.jit
+def grouped_tile(i_tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 GROUP_M: tl.constexpr):
+    """(row tile, column tile) of program ``i_tile`` in grouped order: GROUP_M row tiles share
+    each column tile while it sits in L2."""
+    num_m, num_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    group = i_tile // (GROUP_M * num_n)
+    first_m = group * GROUP_M
+    group_size = tl.minimum(num_m - first_m, GROUP_M)
+    i_m = first_m + (i_tile % (GROUP_M * num_n)) % group_size
+    i_n = (i_tile % (GROUP_M * num_n)) // group_size
+    return i_m, i_n
+
+
+@triton.jit
 def store_scaled(b_acc, a_scale_ptr, b_scale_ptr, c_ptr, M, N, stride_c, o_m, o_n,
                  SPLIT_K: tl.constexpr):
     """c[o_m, o_n] = b_acc * a_scale * b_scale: one rounding to c's dtype, or fp32 atomics
@@ -103,14 +117,8 @@ def ptpc_gemm_kernel(
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, DOT_FP32: tl.constexpr,
     PROMOTE_EVERY: tl.constexpr = None,
 ):
-    i_tile, i_split = tl.program_id(0), tl.program_id(1)
-    # Grouped order: GROUP_M row tiles share each column tile while it sits in L2.
-    num_m, num_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    group = i_tile // (GROUP_M * num_n)
-    first_m = group * GROUP_M
-    group_size = tl.minimum(num_m - first_m, GROUP_M)
-    i_m = first_m + (i_tile % (GROUP_M * num_n)) % group_size
-    i_n = (i_tile % (GROUP_M * num_n)) // group_size
+    i_m, i_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    i_split = tl.program_id(1)
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_m, m_n = o_m < M, o_n < N

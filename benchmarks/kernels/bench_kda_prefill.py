@@ -61,9 +61,8 @@ def variants() -> dict[str, object]:
     default = default_tuning(torch.bfloat16)
     return {
         "default (folded bf16 scores)": None,
-        "s4 default (wide tf32, stage 1b)": T(intra_split=True, scores_wide=True,
-                                              compact_scores=True, scores_tf32_solve=True,
-                                              plan_on_device=True),
+        "s4 default (wide tf32, stage 1b)": T(intra_split=True, compact_scores=True,
+                                              scores_tf32_solve=True, plan_on_device=True),
         "default, tf32 scores": replace(default, scores_bf16=False),
         "default, bk16 r168": replace(default, scores_block_k=16, scores_max_registers=168),
     }

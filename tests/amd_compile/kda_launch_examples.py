@@ -48,7 +48,7 @@ def kda_prefill(dtype: torch.dtype = torch.bfloat16, snapshots: bool = True,
                 **knobs: object) -> Callable[[Sizes], None]:
     """The launcher's default path for ``dtype`` (CUDA: BF16 takes the folded wide stage 1,
     float32 the exact single kernel), or, with tuning ``knobs``, the BF16 prefill with the
-    two-kernel intra stage and those knobs set; without ``snapshots`` (the device-built chunk
+    split intra stage (``intra_split``) and those knobs set; without ``snapshots`` (the device-built chunk
     table only serves prefills that take none)."""
     def run(s: Sizes) -> None:
         from atomk31.triton_kernels.kda_prefill import default_tuning, kda_prefill_triton
@@ -80,18 +80,15 @@ def short_conv(s: Sizes) -> None:
                             torch.tensor(snapshot_rows))
 
 
-_WIDE = dict(scores_wide=True, scores_num_warps=4, compact_scores=True)
+_WIDE = dict(scores_num_warps=4, compact_scores=True)
 
 KDA_EXAMPLES: dict[str, Callable[[], None]] = {
     **sized("kda_decode", kda_decode),
     **sized("kda_verify", kda_verify),
     **sized("kda_prefill", kda_prefill()),
     **sized("kda_prefill[float32]", kda_prefill(torch.float32)),
-    # stage 1a variants: scores + inverse then gated w/u; [64, 16] column blocks; [64, 64]
-    # accumulators per slice, or one product per slice with the four blocks joined
-    **sized("kda_prefill[two-kernel intra]", kda_prefill(scores_wide=False, scores_block_k=16,
-                                                         scores_num_warps=2)),
-    **sized("kda_prefill[column-block scores]", kda_prefill(scores_columns=True)),
+    # stage 1a variants: [64, 64] accumulators per slice then the gated w/u (stage 1b), or one
+    # product per slice with the four blocks joined
     **sized("kda_prefill[wide scores]", kda_prefill(scores_block_k=32, fold_w_u=False,
                                                     scores_bf16=False, **_WIDE)),
     **sized("kda_prefill[wide joined scores]", kda_prefill(scores_joined=True,

@@ -27,7 +27,6 @@ ARCH = "sm90"
 KNOWN_SPILLS: dict[str, str] = {
     "indexer_score[fp8, fp8 dot]": "opt-in FP8 tensor-core products, register-capped to 128 "
                                    "(184 B of stack)",
-    "kda_prefill[column-block scores]": "opt-in column-block stage 1a at 4 warps",
     "kda_prefill[float32]": "the exact float32 intra-chunk kernel (IEEE products of fp32 "
                             "64-row tiles): 3168 B of stack at 255 registers, a correctness "
                             "path never tuned for speed",

@@ -27,26 +27,18 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from atomk31.triton_kernels.ptpc_fp8 import store_scaled
+from atomk31.triton_kernels.ptpc_fp8 import GemmConfig, grouped_tile, store_scaled
 from atomk31.triton_kernels.runtime import runs_on_interpreter
 
 
 @dataclass(frozen=True)
-class TmaGemmConfig:
-    """Tiles and schedule of the TMA kernel: as the pointer kernel's GemmConfig, plus
+class TmaGemmConfig(GemmConfig):
+    """Tiles and schedule of the TMA kernel: the pointer kernel's GemmConfig, plus
     ``promote_per_tile`` (a fresh wgmma sum per K tile, added in fp32), ``warp_specialize``,
     ``split_n`` (two accumulators of block_n / 2 columns, each promoted on its own),
     ``persistent`` (one program per SM walking the tiles), ``promote_lagged`` (K tiles in
     pairs) and ``device_descriptors`` (descriptors built in the kernel)."""
 
-    block_m: int
-    block_n: int
-    block_k: int
-    split_k: int = 1
-    group_m: int = 8
-    num_warps: int = 4
-    num_stages: int = 4
-    promote_every: int | None = 128
     promote_per_tile: bool = False
     warp_specialize: bool = False
     split_n: bool = False
@@ -128,13 +120,7 @@ def gemm_tile(
     WARP_SPECIALIZE: tl.constexpr, PROMOTE_LAGGED: tl.constexpr,
 ):
     """One output tile (one K split of it): the K loop, then the scaled store."""
-    # Grouped order: GROUP_M row tiles share each column tile while it sits in L2.
-    num_m, num_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    group = i_tile // (GROUP_M * num_n)
-    first_m = group * GROUP_M
-    group_size = tl.minimum(num_m - first_m, GROUP_M)
-    i_m = first_m + (i_tile % (GROUP_M * num_n)) % group_size
-    i_n = (i_tile % (GROUP_M * num_n)) // group_size
+    i_m, i_n = grouped_tile(i_tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     k_tiles = tl.cdiv(K, BLOCK_K)
     k_tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
     k_begin = i_split * k_tiles_per_split
