@@ -68,7 +68,10 @@ class LLMEngine:
             for op, shape, target, kernel, passed_over in table.describe():
                 logger.debug("%s %s [%s] -> %s %s (%s)", step, op, shape, target, kernel,
                              passed_over)
-        tensors = load_checkpoint(options.model, self.model_config)
+        # straight onto the device: the bytes are read as the progress bar counts them (a
+        # CPU load of mmapped files reads them only when first touched), no host-memory copy
+        # of the checkpoint, and the online PTPC quantizer then runs on the GPU
+        tensors = load_checkpoint(options.model, self.model_config, device=device)
         if options.online_quant_config is not None:
             tensors = quantize_linears_ptpc(tensors, options.online_quant_config,
                                             self.config.fp8_variant)
@@ -113,7 +116,8 @@ class LLMEngine:
         self.snapshots = SnapshotIndex(self.state_pool, plan.num_snapshot_slots
                                        if options.enable_prefix_caching else 0)
         self.scheduler = Scheduler(self.block_pool, self.state_pool, self.snapshots,
-                                   options.max_num_seqs, options.max_num_batched_tokens)
+                                   options.max_num_seqs, options.max_num_batched_tokens,
+                                   options.kda_snapshot_interval // options.block_size)
         self.runner = ModelRunner(self.model, self.kernels, kv_views, self.state_pool,
                                   options.block_size, self.device,
                                   self.stop_checker.suppressed_token_ids)

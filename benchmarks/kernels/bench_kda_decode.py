@@ -55,7 +55,7 @@ def run(batches: list[int], out_dir: Path | None) -> dict:
         for name, block_v in (("atomk31", None), ("atomk31 bv32", 32), ("atomk31 bv64", 64),
                               ("atomk31 bv128", 128)):
             ms = graph_ms(lambda: kda_decode_triton(q, k, v, g, beta, state, scale,
-                                                    KdaRecurrentConfig(block_v)))
+                                                    config=KdaRecurrentConfig(block_v)))
             row[name] = {"us": ms * 1e3, "fraction_of_copy_bw": step_bytes(n) / (ms * 1e-3) / copy_bw}
         if fused_recurrent_kda is not None:
             fla_state = state.clone()
