@@ -6,6 +6,7 @@ target's implementations (atomk31/ops registers them):
   preparation beside it).
 * `sparse_mla`, `dense_mla`: absorbed MLA over the FP8 latent, warp-specialized (a key
   producer, a scorer, a value worker: sparse_mla_kernel.py), sparse or dense.
+* `ptpc_fp8`: the PTPC-FP8 GEMM (wgmma, TMA) for the large-GEMM shape class.
 
 Gluon ships inside the triton wheel; nothing here runs under Triton's interpreter.
 """

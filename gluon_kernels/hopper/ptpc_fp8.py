@@ -4,20 +4,17 @@ sum promoted to fp32 every 128 K elements (MODEL_SPEC §6.5):
 
 Why Gluon: Hopper's FP8 wgmma keeps ~14 bits of its running sum, so equal accuracy with
 torch._scaled_mm (cuBLASLt) needs the sum promoted into an fp32 accumulator every 128 K. Triton
-3.6 waits for each wgmma to drain before it can add its partial (session 4: 0.77x of
-torch._scaled_mm at o_proj M = 4096, 0.93x even with no promotion) and its automatic warp
-specialization stored wrong rows at 128 x 256. Gluon states the schedule explicitly. The design is
-CUTLASS's "warp-specialized cooperative FP8 with promotion":
+waits for each wgmma to drain before it can add its partial, and the tensor cores idle
+meanwhile; Gluon states the schedule explicitly. The design is CUTLASS's "warp-specialized
+cooperative FP8 with promotion":
 
 * a producer partition (1 warp, 40 registers) fills a ring of NUM_STAGES shared-memory stages
   (A [64, 128] per consumer, B [BLOCK_N, 128]) by TMA, one ready/empty mbarrier pair per stage;
-* consumer partitions (one warpgroup each) own 64 rows of the tile. With two (128-row tiles,
-  232 registers) each issues ``warpgroup_mma(is_async=True)`` into a fresh partial sum per K
-  tile, then ``warpgroup_mma_wait(num_outstanding=1)`` retires the previous tile's wgmma,
-  releases its stage and adds its partial into the fp32 accumulator while the new wgmma runs;
-  two partials alternate (``k_loop``: K tiles in pairs, no register copies on the back edge).
-  With three (192-row tiles, 152 registers: one partial) each drains its own wgmma before
-  promoting (``k_loop_draining``) while the others' run: 20% fewer L2 bytes per FLOP;
+* two consumer partitions (one warpgroup each, 232 registers) own 64 rows of the 128-row tile.
+  Each issues ``warpgroup_mma(is_async=True)`` into a fresh partial sum per K tile, then
+  ``warpgroup_mma_wait(num_outstanding=1)`` retires the previous tile's wgmma, releases its
+  stage and adds its partial into the fp32 accumulator while the new wgmma runs; two partials
+  alternate (``k_loop``: K tiles in pairs, no register copies on the back edge);
 * the consumers are separate partitions (not one 8-warp partition): each releases a stage only
   after its own wgmma read it (an empty barrier counts one arrival per consumer);
 * epilogue: row scale times column scale in fp32, one rounding to c's dtype, a TMA store from
@@ -25,29 +22,19 @@ CUTLASS's "warp-specialized cooperative FP8 with promotion":
   epilogue itself runs under the next tile's first wgmma). The grid is persistent: one program
   per SM walks the tiles in grouped order, GROUP_M row tiles per column tile for L2.
 
-The adds are those of the Triton kernels' promote-per-tile (a fresh wgmma sum per 128-K tile,
-added in K order): the same numerics. Out-of-bounds rows, columns and K read as zeros (TMA
-padding), stores are clipped by the descriptor: no masks in the loop.
+The adds are those of a promote-per-tile schedule (a fresh wgmma sum per 128-K tile, added in K
+order): within 1.25x torch._scaled_mm's error on the same inputs. Out-of-bounds rows, columns
+and K read as zeros (TMA padding), stores are clipped by the descriptor: no masks in the loop.
+The three descriptors' shared layouts are built once per box shape (``shared_layout``): building
+them costs microseconds of host time a launch.
 
-H200, session 5 round 1 (graph ms, ratio to torch._scaled_mm in the same run, error 0.76 of the
-bound like the Triton kernels; the lag2 Triton TMA kernel in brackets): o_proj M = 4096 128 x 128
-0.579 (1.01x), overlapped 0.592 [0.755]; kda qkv 4096 1.847 (0.95x), overlapped 1.780, 192 x 128
-1.768 [2.227]; o_proj 1024 0.164 (1.04x) [0.203]; kda qkv 1024 0.459 (0.97x) [0.563]; kda qkv
-128 0.094 [0.104]. 128 x 64 loses from 1024 tokens (smem-bound: 0.736 at o_proj 4096) but wins
-at o_proj 128 (112 tiles: 0.031 vs the pointer kernel's 0.040) in a graph; eager, a launch costs
-~130-160 us of host time there (0.16 ms), hence ptpc_fp8_config's rule. Of that, the three
-descriptors took 37.5 us before their shared layouts were cached (5-10 us since); a launch of
-the compiled kernel with prebuilt descriptors takes 16-23 us, the rest is Triton's JIT dispatch
-and the op's checks. A cache of compiled kernels per specialization key that skipped the
-dispatch was correct but measured -36 us in one run and +6 us in the next: not kept.
-
-Limits (ValueError otherwise): NVIDIA sm_90 only (wgmma, TMA and setmaxnreg are Hopper's: AMD
-keeps the Triton kernel of atomk31/triton_kernels/ptpc_fp8.py); e4m3fn operands, 16-byte aligned
-rows of a, w_q (K a multiple of 16) and c; no split K. Gluon ships in the triton wheel: this is
-the ``triton`` backend's kernel on Hopper, chosen by ptpc_fp8.py's config (``kernel``). For
-triton 3.6 (the H200's) and 3.9; not under the interpreter."""
+Limits (ValueError otherwise): NVIDIA sm_90 only (wgmma, TMA and setmaxnreg are Hopper's);
+e4m3fn operands, 16-byte aligned rows of a, w_q (K a multiple of 16) and c; no split K; not
+under the interpreter. Tiles and stages per call: ptpc_fp8_launch.py. For triton 3.6 (the
+H200's) and 3.9."""
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -61,14 +48,16 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 # (constexpr globals: the kernels read them; the host reads .value)
 ROWS_PER_CONSUMER = gl.constexpr(64)  # a wgmma's M per warpgroup
 BLOCK_K = gl.constexpr(128)  # K per stage = the promotion interval
-# (BLOCK_M = 64 x consumers, BLOCK_N) -> partial sums per consumer (module docstring). 128 x 256
-# would need 2 x 128 + 128 registers per thread (or 2 x 128 with one): over a consumer's 232.
-TILES = {(128, 64): 2, (128, 128): 2, (192, 128): 1}
-# Registers per thread (setmaxnreg): producer warpgroup 40; consumers 232 with two partials
-# (40 x 128 + 2 x 232 x 128 = 64512 of 65536: a cap of 168 at entry), 152 with one (cap 128).
+BLOCK_M = gl.constexpr(128)  # two consumer warpgroups of 64 rows
+NUM_CONSUMERS = gl.constexpr(2)
+# Column tiles: 128 x 256 would need 2 x 128 + 128 registers per thread: over a consumer's 232.
+BLOCK_NS = (64, 128)
+# Registers per thread (setmaxnreg): producer warpgroup 40, consumers 232 with their two
+# partials (40 x 128 + 2 x 232 x 128 = 64512 of 65536: a cap of 168 at entry).
 PRODUCER_REGISTERS = gl.constexpr(40)
-PAIRED_CONSUMER_REGISTERS, DRAINING_CONSUMER_REGISTERS = gl.constexpr(232), gl.constexpr(152)
-KERNEL_MAX_REGISTERS = {2: 168, 3: 128}  # by consumer count
+CONSUMER_REGISTERS = gl.constexpr(232)
+KERNEL_MAX_REGISTERS = 168
+GROUP_M = 8  # row tiles per column tile in the grouped order
 MAX_SHARED_BYTES = 227 * 1024  # per block on sm_90
 # Triton 3.9 renamed the TMA copies (3.6: async_copy_global_to_shared / _shared_to_global)
 TMA_LOAD = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -95,10 +84,8 @@ def tile_origin(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
 def load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
                    GROUP_M: gl.constexpr):
     """Producer: TMA loads of every tile's K steps into the ring, in the consumers' order (A as
-    one 64-row box per consumer: a 192-row box is no power of two)."""
+    one 64-row box per consumer)."""
     NUM_STAGES: gl.constexpr = b_bufs.shape[0]
-    NUM_CONSUMERS: gl.constexpr = a_bufs.shape[0] // NUM_STAGES
-    BLOCK_M: gl.constexpr = NUM_CONSUMERS * ROWS_PER_CONSUMER
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
@@ -124,7 +111,6 @@ def issue_tile_mma(a_bufs, b_bufs, ready, step, partial, ROW0: gl.constexpr):
     """Wait for K step ``step``'s buffers, then start its wgmma into ``partial`` (whose old value
     is ignored: a fresh sum per K tile). Returns the wgmma's pending result."""
     NUM_STAGES: gl.constexpr = b_bufs.shape[0]
-    NUM_CONSUMERS: gl.constexpr = a_bufs.shape[0] // NUM_STAGES
     stage = step % NUM_STAGES
     mbarrier.wait(ready.index(stage), (step // NUM_STAGES) & 1)
     a = a_bufs.index(stage * NUM_CONSUMERS + ROW0 // ROWS_PER_CONSUMER)
@@ -170,18 +156,6 @@ def k_loop(acc, pending_even, a_bufs, b_bufs, ready, empty, step, k_tiles, ROW0:
 
 
 @gluon.jit
-def k_loop_draining(acc, a_bufs, b_bufs, ready, empty, step, k_tiles, ROW0: gl.constexpr):
-    """k_loop with one partial sum: each K tile's wgmma drains before its promotion (the other
-    consumers' wgmma run meanwhile). Returns (acc, the ring's next step)."""
-    partial = gl.zeros_like(acc)
-    for _ in range(k_tiles):
-        pending = issue_tile_mma(a_bufs, b_bufs, ready, step, partial, ROW0)
-        acc, partial = promote(acc, pending, empty, step, 0)
-        step += 1
-    return acc, step
-
-
-@gluon.jit
 def store_tile(acc, c_desc, c_smem, a_scale_ptr, b_scale_ptr, M, N, off_m, off_n,
                layout: gl.constexpr):
     """c[off_m:+64, off_n:+BLOCK_N] = acc * a_scale * b_scale: one rounding to c's dtype, a TMA
@@ -200,13 +174,12 @@ def store_tile(acc, c_desc, c_smem, a_scale_ptr, b_scale_ptr, M, N, off_m, off_n
 
 @gluon.jit
 def mma_partition(a_bufs, b_bufs, ready, empty, c_desc, c_smem, a_scale_ptr, b_scale_ptr,
-                  M, N, K, ROW0: gl.constexpr, GROUP_M: gl.constexpr, PAIRED: gl.constexpr,
+                  M, N, K, ROW0: gl.constexpr, GROUP_M: gl.constexpr,
                   OVERLAP_EPILOGUE: gl.constexpr):
     """Consumer of rows [ROW0, ROW0 + 64) of every tile: the K loop (two partial sums in
-    K-tile pairs when PAIRED, else one), then the scaled store. OVERLAP_EPILOGUE (PAIRED only):
-    a tile's store waits until the next tile's first wgmma is issued, so that the tensor cores
-    work through the epilogue (the program's last tile is stored after the loop)."""
-    BLOCK_M: gl.constexpr = a_bufs.shape[0] // b_bufs.shape[0] * ROWS_PER_CONSUMER
+    K-tile pairs), then the scaled store. OVERLAP_EPILOGUE: a tile's store waits until the
+    next tile's first wgmma is issued, so that the tensor cores work through the epilogue (the
+    program's last tile is stored after the loop)."""
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     # one warpgroup, wgmma m64nBLOCK_Nk32 (FP8: 32 K per instruction)
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -220,17 +193,12 @@ def mma_partition(a_bufs, b_bufs, ready, empty, c_desc, c_smem, a_scale_ptr, b_s
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
         off_m, off_n = tile_origin(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = gl.zeros([ROWS_PER_CONSUMER, BLOCK_N], gl.float32, layout)
-        if PAIRED:
-            pending = issue_tile_mma(a_bufs, b_bufs, ready, step, gl.zeros_like(acc), ROW0)
-            if OVERLAP_EPILOGUE:
-                if tile != gl.program_id(0):
-                    store_tile(done, c_desc, c_smem, a_scale_ptr, b_scale_ptr, M, N,
-                               done_m + ROW0, done_n, layout)
-            acc, step = k_loop(acc, pending, a_bufs, b_bufs, ready, empty, step, k_tiles,
-                               ROW0)
-        else:
-            acc, step = k_loop_draining(acc, a_bufs, b_bufs, ready, empty, step, k_tiles,
-                                        ROW0)
+        pending = issue_tile_mma(a_bufs, b_bufs, ready, step, gl.zeros_like(acc), ROW0)
+        if OVERLAP_EPILOGUE:
+            if tile != gl.program_id(0):
+                store_tile(done, c_desc, c_smem, a_scale_ptr, b_scale_ptr, M, N,
+                           done_m + ROW0, done_n, layout)
+        acc, step = k_loop(acc, pending, a_bufs, b_bufs, ready, empty, step, k_tiles, ROW0)
         if OVERLAP_EPILOGUE:
             done, done_m, done_n = acc, off_m, off_n
         else:
@@ -248,11 +216,8 @@ def ptpc_gemm_hopper_kernel(
     # c [M, N] in [64, BLOCK_N] boxes; scales [M] / [N] fp32
     a_desc, b_desc, c_desc, a_scale_ptr, b_scale_ptr,
     M, N, K,
-    NUM_CONSUMERS: gl.constexpr, GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr,
-    OVERLAP_EPILOGUE: gl.constexpr,
+    GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr, OVERLAP_EPILOGUE: gl.constexpr,
 ):
-    PAIRED: gl.constexpr = NUM_CONSUMERS == 2
-    OVERLAP: gl.constexpr = PAIRED and OVERLAP_EPILOGUE  # the overlap needs a paired K loop
     # ring buffer i * NUM_CONSUMERS + j: stage i's A rows [64 j, 64 j + 64) of the tile
     a_bufs = gl.allocate_shared_memory(a_desc.dtype,
                                        [NUM_STAGES * NUM_CONSUMERS] + a_desc.block_type.shape,
@@ -266,29 +231,14 @@ def ptpc_gemm_hopper_kernel(
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)  # the producer's expect; then the TMA bytes
         mbarrier.init(empty.index(i), count=NUM_CONSUMERS)  # one arrival per consumer
-    # the first consumer is the default partition; the other consumers and the producer are
-    # workers
-    if NUM_CONSUMERS == 2:
-        gl.warp_specialize([
-            (mma_partition, (a_bufs, b_bufs, ready, empty, c_desc, c_smem.index(0), a_scale_ptr,
-                             b_scale_ptr, M, N, K, 0, GROUP_M, PAIRED, OVERLAP)),
-            (mma_partition, (a_bufs, b_bufs, ready, empty, c_desc, c_smem.index(1), a_scale_ptr,
-                             b_scale_ptr, M, N, K, 64, GROUP_M, PAIRED, OVERLAP)),
-            (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
-                              GROUP_M)),
-        ], [4, 1], [PAIRED_CONSUMER_REGISTERS, PRODUCER_REGISTERS])
-    else:
-        gl.warp_specialize([
-            (mma_partition, (a_bufs, b_bufs, ready, empty, c_desc, c_smem.index(0), a_scale_ptr,
-                             b_scale_ptr, M, N, K, 0, GROUP_M, PAIRED, OVERLAP)),
-            (mma_partition, (a_bufs, b_bufs, ready, empty, c_desc, c_smem.index(1), a_scale_ptr,
-                             b_scale_ptr, M, N, K, 64, GROUP_M, PAIRED, OVERLAP)),
-            (mma_partition, (a_bufs, b_bufs, ready, empty, c_desc, c_smem.index(2), a_scale_ptr,
-                             b_scale_ptr, M, N, K, 128, GROUP_M, PAIRED, OVERLAP)),
-            (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
-                              GROUP_M)),
-        ], [4, 4, 1], [DRAINING_CONSUMER_REGISTERS, DRAINING_CONSUMER_REGISTERS,
-                       PRODUCER_REGISTERS])
+    # the first consumer is the default partition; the second and the producer are workers
+    gl.warp_specialize([
+        (mma_partition, (a_bufs, b_bufs, ready, empty, c_desc, c_smem.index(0), a_scale_ptr,
+                         b_scale_ptr, M, N, K, 0, GROUP_M, OVERLAP_EPILOGUE)),
+        (mma_partition, (a_bufs, b_bufs, ready, empty, c_desc, c_smem.index(1), a_scale_ptr,
+                         b_scale_ptr, M, N, K, 64, GROUP_M, OVERLAP_EPILOGUE)),
+        (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M)),
+    ], [4, 1], [CONSUMER_REGISTERS, PRODUCER_REGISTERS])
 
 
 @functools.lru_cache(maxsize=None)
@@ -303,26 +253,28 @@ def descriptor_type(dtype: object, dtype_name: str, block_shape: list[int]) -> s
 
 
 def compile_examples(target: object) -> list:
-    """What a 4096-token o_proj launches (bf16 out, 4 stages) per tile of TILES, for offline
-    compiles (gluon_kernels/compile.py; the launch adds maxnreg = KERNEL_MAX_REGISTERS); none
-    off sm_90 (wgmma and TMA are Hopper's)."""
+    """What an o_proj launches (bf16 out) in each config of ptpc_fp8_launch.py's tile table,
+    for offline compiles (gluon_kernels/compile.py); none off sm_90 (wgmma and TMA are
+    Hopper's). M, N and K are the size arguments of the first (each config compiles the same
+    index arithmetic: one set of size cases covers it)."""
     from gluon_kernels.compile import CompileExample
 
     if getattr(target, "arch", None) != "sm90":
         return []
     examples = []
-    for block_m, block_n in TILES:
+    for block_n, num_stages, overlap in ((128, 4, True), (128, 6, False), (64, 6, False)):
         signature = {"a_desc": descriptor_type(gl.float8e4nv, "fp8e4nv", [64, 128]),
                      "b_desc": descriptor_type(gl.float8e4nv, "fp8e4nv", [block_n, 128]),
                      "c_desc": descriptor_type(gl.bfloat16, "bf16", [64, block_n]),
                      "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32", "M": "i32", "N": "i32",
-                     "K": "i32", "NUM_CONSUMERS": "constexpr", "GROUP_M": "constexpr",
-                     "NUM_STAGES": "constexpr", "OVERLAP_EPILOGUE": "constexpr"}
-        constexprs = {"NUM_CONSUMERS": block_m // 64, "GROUP_M": 8, "NUM_STAGES": 4,
-                      "OVERLAP_EPILOGUE": False}
-        examples.append(CompileExample(f"ptpc_gemm_hopper[{block_m}x{block_n} bf16]",
-                                       ptpc_gemm_hopper_kernel, signature, constexprs,
-                                       num_warps=4))
+                     "K": "i32", "GROUP_M": "constexpr", "NUM_STAGES": "constexpr",
+                     "OVERLAP_EPILOGUE": "constexpr"}
+        constexprs = {"GROUP_M": GROUP_M, "NUM_STAGES": num_stages, "OVERLAP_EPILOGUE": overlap}
+        name = f"ptpc_gemm_hopper[128x{block_n} s{num_stages}{' overlap' if overlap else ''}]"
+        sizes = () if examples else ("M", "N", "K")
+        examples.append(CompileExample(name, ptpc_gemm_hopper_kernel, signature, constexprs,
+                                       num_warps=4, size_args=sizes,
+                                       options={"maxnreg": KERNEL_MAX_REGISTERS}))
     return examples
 
 
@@ -339,9 +291,18 @@ def descriptor(t: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
                                                                       t.dtype))
 
 
+@dataclass(frozen=True)
+class HopperGemmConfig:
+    """Tiles of one launch: 128 x ``block_n`` (BLOCK_NS) output tiles, ``num_stages`` ring
+    stages, and ``overlap_epilogue``: each tile's store under the next tile's first wgmma."""
+
+    block_n: int = 128
+    num_stages: int = 4
+    overlap_epilogue: bool = False
+
+
 def check_operands(a: torch.Tensor, w_q: torch.Tensor, a_scale: torch.Tensor,
-                   w_scale: torch.Tensor, c: torch.Tensor, block_m: int, block_n: int,
-                   num_stages: int) -> None:
+                   w_scale: torch.Tensor, c: torch.Tensor, config: HopperGemmConfig) -> None:
     """ValueError unless the kernel can run these operands (see the module docstring)."""
     if a.dim() != 2 or w_q.dim() != 2 or a.shape[1] != w_q.shape[1] or \
             c.shape != (a.shape[0], w_q.shape[0]) or a_scale.shape != (a.shape[0],) or \
@@ -362,23 +323,26 @@ def check_operands(a: torch.Tensor, w_q: torch.Tensor, a_scale: torch.Tensor,
     if not can_use_descriptors(a, w_q, c) or not a_scale.is_contiguous() or \
             not w_scale.is_contiguous():
         raise ValueError(f"ptpc_gemm_hopper: expected contiguous scales and 16-byte aligned, "
-                         f"unit-stride rows of a, w_q and c, got strides {a.stride()}, "
-                         f"{w_q.stride()}, {c.stride()}")
-    if (block_m, block_n) not in TILES or num_stages < 2:
-        raise ValueError(f"ptpc_gemm_hopper: expected (block_m, block_n) in {list(TILES)} and "
-                         f"num_stages >= 2, got ({block_m}, {block_n}) and {num_stages}")
-    shared = shared_bytes(block_m, block_n, num_stages, c.element_size())
+                         f"unit-stride rows of a, w_q and c (K a multiple of 16, N times the "
+                         f"output's element size a multiple of 16 bytes), got shapes "
+                         f"{tuple(a.shape)}, {tuple(c.shape)} and strides {a.stride()}, "
+                         f"{w_q.stride()}, {c.stride()}; run this linear with --kernel-backend "
+                         f"triton")
+    if config.block_n not in BLOCK_NS or config.num_stages < 2:
+        raise ValueError(f"ptpc_gemm_hopper: expected block_n in {BLOCK_NS} and num_stages >= "
+                         f"2, got {config.block_n} and {config.num_stages}")
+    shared = shared_bytes(config.block_n, config.num_stages, c.element_size())
     if shared > MAX_SHARED_BYTES:
-        raise ValueError(f"ptpc_gemm_hopper: {num_stages} stages of {block_m} x {block_n} tiles "
-                         f"with {c.dtype} output need {shared} bytes of shared memory, over "
-                         f"Hopper's {MAX_SHARED_BYTES}")
+        raise ValueError(f"ptpc_gemm_hopper: {config.num_stages} stages of 128 x "
+                         f"{config.block_n} tiles with {c.dtype} output need {shared} bytes of "
+                         f"shared memory, over Hopper's {MAX_SHARED_BYTES}")
 
 
-def shared_bytes(block_m: int, block_n: int, num_stages: int, out_element_size: int) -> int:
+def shared_bytes(block_n: int, num_stages: int, out_element_size: int) -> int:
     """Shared memory of a launch: the ring (A and B tiles of 128 fp8 K per stage), the output
     tiles and the barriers."""
-    return num_stages * (block_m + block_n) * BLOCK_K.value + \
-        block_m * block_n * out_element_size + 1024
+    return num_stages * (BLOCK_M.value + block_n) * BLOCK_K.value + \
+        BLOCK_M.value * block_n * out_element_size + 1024
 
 
 def can_use_descriptors(a: torch.Tensor, w_q: torch.Tensor, c: torch.Tensor) -> bool:
@@ -388,27 +352,22 @@ def can_use_descriptors(a: torch.Tensor, w_q: torch.Tensor, c: torch.Tensor) -> 
 
 
 def ptpc_gemm_hopper(a: torch.Tensor, w_q: torch.Tensor, a_scale: torch.Tensor,
-                     w_scale: torch.Tensor, c: torch.Tensor, block_m: int = 128,
-                     block_n: int = 128, num_stages: int = 4, group_m: int = 8,
-                     persistent: bool = True, overlap_epilogue: bool = False) -> torch.Tensor:
+                     w_scale: torch.Tensor, c: torch.Tensor,
+                     config: HopperGemmConfig = HopperGemmConfig()) -> torch.Tensor:
     """c [M, N] <- (a [M, K] @ w_q [N, K]^T) * a_scale [M, 1] * w_scale [1, N] (fp8 e4m3fn
-    operands, fp32 scales, c bf16 / fp16 / fp32), in block_m x block_n tiles (TILES).
-    ``persistent``: one program per SM walking the tiles (else one program per tile).
-    ``overlap_epilogue`` (128-row tiles): each tile stored under the next tile's first wgmma.
-    Returns c."""
-    check_operands(a, w_q, a_scale, w_scale, c, block_m, block_n, num_stages)
+    operands, fp32 scales, c bf16 / fp16 / fp32) in ``config``'s tiles, one program per SM
+    walking them. Returns c."""
+    check_operands(a, w_q, a_scale, w_scale, c, config)
     m, k = a.shape
     n = w_q.shape[0]
     if m == 0 or n == 0 or k == 0:      # an empty sum over K is zero
         return c.zero_()
-    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
-    grid = (min(tiles, sm_count(c.device.index or 0)) if persistent else tiles,)
+    tiles = triton.cdiv(m, BLOCK_M.value) * triton.cdiv(n, config.block_n)
     rows = ROWS_PER_CONSUMER.value
-    ptpc_gemm_hopper_kernel[grid](
-        descriptor(a, [rows, BLOCK_K.value]), descriptor(w_q, [block_n, BLOCK_K.value]),
-        descriptor(c, [rows, block_n]), a_scale, w_scale, m, n, k,
-        NUM_CONSUMERS=block_m // rows, GROUP_M=group_m, NUM_STAGES=num_stages,
-        OVERLAP_EPILOGUE=overlap_epilogue,
-        num_warps=4, maxnreg=KERNEL_MAX_REGISTERS[block_m // rows],
+    ptpc_gemm_hopper_kernel[(min(tiles, sm_count(c.device.index or 0)),)](
+        descriptor(a, [rows, BLOCK_K.value]), descriptor(w_q, [config.block_n, BLOCK_K.value]),
+        descriptor(c, [rows, config.block_n]), a_scale, w_scale, m, n, k,
+        GROUP_M=GROUP_M, NUM_STAGES=config.num_stages, OVERLAP_EPILOGUE=config.overlap_epilogue,
+        num_warps=4, maxnreg=KERNEL_MAX_REGISTERS,
     )
     return c

@@ -1,30 +1,60 @@
-"""PTPC-FP8 scaled GEMM through tensor descriptors (TMA) for Hopper (MODEL_SPEC §6.5):
+"""A benchmark variant (no default selects it): the PTPC-FP8 scaled GEMM through tensor
+descriptors (TMA) in Triton, for Hopper (MODEL_SPEC §6.5):
 ``c [M, N] = (a [M, K] @ b [N, K]^T) * a_scale[:, None] * b_scale[None, :]``.
+bench_ptpc_fp8.py times it beside the package's kernels (its figures: benchmarks/NOTES.md);
+the Gluon kernel (gluon_kernels/hopper/ptpc_fp8.py) replaced it on the hopper target.
 
-Why a second kernel: Hopper's FP8 wgmma keeps ~14 bits of its running sum, so the sum is
-promoted into an fp32 accumulator every 128 K elements (as cuBLASLt and DeepGEMM do). In the
-pointer kernel every warp waits for its wgmma to drain, adds the partial sum (64 FADDs per
-thread per 128 K) and meets the other warpgroup at a CTA barrier, and the tensor cores idle
-meanwhile (~30% at large M on the H200). Two ways out here:
-* ``PROMOTE_LAGGED`` (8 warps, no warp specialization): K tiles in pairs, one tile's partial
+Why a second Triton kernel: Hopper's FP8 wgmma keeps ~14 bits of its running sum, so the sum
+is promoted into an fp32 accumulator every 128 K elements. In the pointer kernel every warp
+waits for its wgmma to drain, adds the partial sum and meets the other warpgroup at a CTA
+barrier, and the tensor cores idle meanwhile. Two ways out here:
+* ``promote_lagged`` (8 warps, no warp specialization): K tiles in pairs, one tile's partial
   added while the next tile's wgmma runs (``lagged_k_loop``): half the drains.
-* ``WARP_SPECIALIZE`` (Triton 3.6 on sm_90: ``num_warps = 4``): a TMA producer warpgroup and two
-  consumer warpgroups of 64 rows that synchronize only through mbarriers, so one consumer's
-  promotion runs while the other's wgmma owns the tensor cores. The producer runs with 40
-  registers, the consumers with 232 (setmaxnreg): room for a 64 x 128 accumulator and its
-  partial sum (or two 64 x 128 halves with ``SPLIT_N``). It needs ``DEVICE_DESCRIPTORS``.
+* ``warp_specialize`` (Triton 3.6 on sm_90: ``num_warps = 4``): a TMA producer warpgroup and
+  two consumer warpgroups of 64 rows that synchronize only through mbarriers. It needs
+  ``device_descriptors``: Triton 3.6 splits the A tile between the consumers but keeps a host
+  descriptor's whole box, which overruns the half-size buffer (a hang).
 
 Out-of-bounds tile rows, columns and K steps read as zeros (the descriptors' padding), so M, N
 and K need no masks in the loop. A descriptor needs 16-byte aligned rows: K a multiple of 16.
 Under the interpreter the FP8 tiles are widened to fp32 before an IEEE product.
 """
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from atomk31.triton_kernels.ptpc_fp8_config import GemmConfig
+from atomk31.triton_kernels.ptpc_fp8 import GemmConfig, grouped_tile, store_scaled
+from atomk31.triton_kernels.runtime import runs_on_interpreter
+
+
+@dataclass(frozen=True)
+class TmaGemmConfig(GemmConfig):
+    """Tiles and schedule of the TMA kernel: the pointer kernel's GemmConfig, plus
+    ``promote_per_tile`` (a fresh wgmma sum per K tile, added in fp32), ``warp_specialize``,
+    ``split_n`` (two accumulators of block_n / 2 columns, each promoted on its own),
+    ``persistent`` (one program per SM walking the tiles), ``promote_lagged`` (K tiles in
+    pairs) and ``device_descriptors`` (descriptors built in the kernel)."""
+
+    promote_per_tile: bool = False
+    warp_specialize: bool = False
+    split_n: bool = False
+    persistent: bool = False
+    promote_lagged: bool = False
+    device_descriptors: bool = False
+
+
+# Paired K tiles on 8 warps in 3 stages: the variant's best ("tma lag2").
+LAGGED_CONFIG = TmaGemmConfig(128, 128, 128, num_warps=8, num_stages=3, promote_lagged=True)
+# Triton's warp specialization of the loop (one producer, two consumer warpgroups of 64 rows).
+WARP_SPECIALIZED_CONFIG = TmaGemmConfig(128, 128, 128, num_warps=4, num_stages=4,
+                                        promote_per_tile=True, warp_specialize=True,
+                                        device_descriptors=True)
+# Programs of a persistent config under the interpreter: a few, so that each walks tiles.
+INTERPRETER_PERSISTENT_PROGRAMS = 3
 
 
 @triton.jit
@@ -81,23 +111,6 @@ def lagged_k_loop(b_acc, a_desc, b_desc, off_m, off_n, k_begin, k_end,
 
 
 @triton.jit
-def store_scaled(b_acc, a_scale_ptr, b_scale_ptr, c_ptr, M, N, stride_c, o_m, o_n,
-                 SPLIT_K: tl.constexpr):
-    """c[o_m, o_n] = b_acc * a_scale * b_scale: one rounding to c's dtype, or fp32 atomics
-    when K is split."""
-    m_m, m_n = o_m < M, o_n < N
-    b_a_scale = tl.load(a_scale_ptr + o_m, mask=m_m, other=0.0)
-    b_b_scale = tl.load(b_scale_ptr + o_n, mask=m_n, other=0.0)
-    b_c = b_acc * b_a_scale[:, None] * b_b_scale[None, :]
-    p_c = c_ptr + o_m.to(tl.int64)[:, None] * stride_c + o_n[None, :]
-    m_c = m_m[:, None] & m_n[None, :]
-    if SPLIT_K == 1:
-        tl.store(p_c, b_c.to(c_ptr.dtype.element_ty), mask=m_c)
-    else:
-        tl.atomic_add(p_c, b_c, mask=m_c, sem="relaxed")
-
-
-@triton.jit
 def gemm_tile(
     a_desc, b_desc, a_scale_ptr, b_scale_ptr, c_ptr, M, N, K, stride_c, rows_per_tile, i_tile,
     i_split,
@@ -107,20 +120,14 @@ def gemm_tile(
     WARP_SPECIALIZE: tl.constexpr, PROMOTE_LAGGED: tl.constexpr,
 ):
     """One output tile (one K split of it): the K loop, then the scaled store."""
-    # Grouped order: GROUP_M row tiles share each column tile while it sits in L2.
-    num_m, num_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    group = i_tile // (GROUP_M * num_n)
-    first_m = group * GROUP_M
-    group_size = tl.minimum(num_m - first_m, GROUP_M)
-    i_m = first_m + (i_tile % (GROUP_M * num_n)) % group_size
-    i_n = (i_tile % (GROUP_M * num_n)) // group_size
+    i_m, i_n = grouped_tile(i_tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     k_tiles = tl.cdiv(K, BLOCK_K)
     k_tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
     k_begin = i_split * k_tiles_per_split
     k_end = tl.minimum(k_begin + k_tiles_per_split, k_tiles)
     # rows_per_tile == BLOCK_M, as a runtime value: Triton 3.6's warp specialization offsets the
     # second consumer's A loads by 64 rows and, where the store reuses that same i_m * BLOCK_M,
-    # offsets its stored rows twice (o_m + 64 + [64, 128): wrong rows, H200 session 4)
+    # offsets its stored rows twice (o_m + 64 + [64, 128): wrong rows)
     o_m = i_m * rows_per_tile + tl.arange(0, BLOCK_M)
     if SPLIT_N:
         HALF_N: tl.constexpr = BLOCK_N // 2
@@ -173,7 +180,7 @@ def ptpc_gemm_tma_kernel(
     if DEVICE_DESCRIPTORS:
         # Triton 3.6's Hopper warp specialization gives each consumer warpgroup half of the
         # A tile and rewrites a descriptor made here to that half; a host descriptor keeps
-        # its BLOCK_M-row box and overruns the half-size buffer (the H200 hung on it)
+        # its BLOCK_M-row box and overruns the half-size buffer (a hang)
         B_ROWS: tl.constexpr = BLOCK_N // 2 if SPLIT_N else BLOCK_N
         a_desc = tl.make_tensor_descriptor(a_desc, shape=[M, K], strides=[stride_a, 1],
                                            block_shape=[BLOCK_M, BLOCK_K])
@@ -208,7 +215,7 @@ def scratch_for_descriptors(size: int, alignment: int, stream: int | None) -> to
 
 def launch_ptpc_gemm_tma(
     a: torch.Tensor, w_q: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.Tensor,
-    c: torch.Tensor, config: GemmConfig, on_interpreter: bool, num_programs: int,
+    c: torch.Tensor, config: TmaGemmConfig, on_interpreter: bool, num_programs: int,
 ) -> None:
     """c [M, N] (out dtype, or zeroed fp32 with split K) <- the scaled GEMM of a [M, K] and
     w_q [N, K] (both fp8, rows 16-byte aligned: ``can_use_tma``). ``num_programs``: the grid
@@ -216,8 +223,7 @@ def launch_ptpc_gemm_tma(
     if not can_use_tma(a, w_q):
         raise ValueError(f"ptpc_linear: the TMA kernel needs 16-byte aligned fp8 rows (K a "
                          f"multiple of 16), got a {tuple(a.shape)} stride {a.stride()} and "
-                         f"w_q {tuple(w_q.shape)} stride {w_q.stride()}; use a config with "
-                         f"tma=False")
+                         f"w_q {tuple(w_q.shape)} stride {w_q.stride()}")
     if config.warp_specialize and not config.device_descriptors and not on_interpreter:
         raise ValueError("ptpc_linear: the TMA kernel's warp specialization needs "
                          "device_descriptors=True (with host descriptors Triton 3.6 copies "
@@ -250,3 +256,25 @@ def launch_ptpc_gemm_tma(
         DEVICE_DESCRIPTORS=config.device_descriptors,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
+
+
+def ptpc_linear_quantized_tma(
+    x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16, config: TmaGemmConfig = LAGGED_CONFIG,
+) -> torch.Tensor:
+    """``ptpc_linear_quantized``'s contract on the TMA kernel (persistent configs: one
+    program per SM, a few under the interpreter)."""
+    n, k = w_q.shape
+    a = x_q.reshape(-1, k).contiguous()
+    m = a.shape[0]
+    split = config.split_k > 1
+    c = torch.zeros((m, n), dtype=torch.float32, device=a.device) if split else \
+        torch.empty((m, n), dtype=out_dtype, device=a.device)
+    on_interpreter = runs_on_interpreter(ptpc_gemm_tma_kernel)
+    if m and n:
+        num_programs = INTERPRETER_PERSISTENT_PROGRAMS if on_interpreter else \
+            torch.cuda.get_device_properties(a.device).multi_processor_count
+        launch_ptpc_gemm_tma(a, w_q.contiguous(), x_scale.reshape(-1).float().contiguous(),
+                             w_scale.float().contiguous(), c, config, on_interpreter,
+                             num_programs)
+    return (c.to(out_dtype) if split else c).view(*x_q.shape[:-1], n)
