@@ -151,13 +151,14 @@ def test_preemption_and_aborts_stay_exact(tiny_checkpoint, tiny_draft, plain_llm
     prompts = prompts_of((60, 70, 80), seed=2)
     options = dict(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=192,
                    enable_prefix_caching=False, snapshot_fraction=0.0)
-    plain = tokens(plain_llm.generate(prompts, GREEDY))
+    longer = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    plain = tokens(plain_llm.generate(prompts, longer))
     probe = spec_llm(tiny_checkpoint, tiny_draft, kv_cache_memory=64 << 20, **options).engine
     budget = probe.state_pool.num_slots * probe.state_pool.spec.bytes_per_slot() \
         + 14 * probe.kv_pool.shape[1]
     llm = spec_llm(tiny_checkpoint, tiny_draft, kv_cache_memory=budget, **options)
     assert llm.engine.block_pool.num_blocks == 14
-    ids = [llm.engine.add_request(p, GREEDY) for p in prompts]
+    ids = [llm.engine.add_request(p, longer) for p in prompts]
     ScriptedDrafts(llm, dict(zip(ids, plain)))
     llm.engine.add_request(prompts[0][:20], SamplingParams(max_tokens=50), request_id="aborted")
     outputs, steps = {}, 0
