@@ -17,6 +17,8 @@ class LLM:
 
     Arguments are EngineConfig's (see its docstring): `model` is a checkpoint directory;
     `dtype="auto"` means float32 compute and cache on CPU, BF16 compute and an FP8 cache on GPU.
+    With ``tensor_parallel_size=N`` it starts N-1 more ranks on this node (one process per
+    device) and stops them at `shutdown()` (or on leaving a ``with`` block).
     """
 
     def __init__(self, model: str | os.PathLike, *, block_size: int = 128,
@@ -27,7 +29,10 @@ class LLM:
                  device: str | None = None, gpu_memory_utilization: float = 0.9,
                  kv_cache_memory: int | None = None, snapshot_fraction: float = 0.1,
                  online_quant_config: dict | None = None, seed: int = 0,
-                 enforce_eager: bool = False):
+                 enforce_eager: bool = False, tensor_parallel_size: int = 1,
+                 enable_expert_parallel: bool = False, decode_context_parallel_size: int = 1,
+                 token_sharded_prefill_min_tokens: int = 16384,
+                 distributed_timeout_s: float = 600.0):
         options = EngineConfig(
             model=str(model), block_size=block_size, kernel_backend=kernel_backend, dtype=dtype,
             max_model_len=max_model_len, max_num_seqs=max_num_seqs,
@@ -36,8 +41,22 @@ class LLM:
             index_cache_dtype=index_cache_dtype, device=device,
             gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory=kv_cache_memory,
             snapshot_fraction=snapshot_fraction, online_quant_config=online_quant_config,
-            seed=seed, enforce_eager=enforce_eager)
+            seed=seed, enforce_eager=enforce_eager, tensor_parallel_size=tensor_parallel_size,
+            enable_expert_parallel=enable_expert_parallel,
+            decode_context_parallel_size=decode_context_parallel_size,
+            token_sharded_prefill_min_tokens=token_sharded_prefill_min_tokens,
+            distributed_timeout_s=distributed_timeout_s)
         self.engine = LLMEngine(options)
+
+    def shutdown(self) -> None:
+        """Stop the ranks this LLM started (tensor_parallel_size > 1); nothing otherwise."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
 
     @property
     def tokenizer(self):

@@ -1,21 +1,25 @@
 """ModelRunner: turns a scheduled step into batch tensors, runs the model, samples.
 
 It owns the device side: the model, the packed KV pool with its per-layer views, the KDA state
-tensors and the sampler. It knows sequences only through what the scheduler hands it.
+tensors and the sampler. It knows sequences only through what the scheduler hands it. Under
+tensor parallelism the first rank's runner hands each step's `StepRequest`s to
+``publish_step`` (the broadcast to the other ranks, whose runners build and run the same step)
+before running it, and alone samples.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
 
 from atomk31.cache import KDAStatePool, MLACacheView
+from atomk31.distributed.parallel_context import ParallelContext
 from atomk31.engine.cuda_graphs import DecodeGraphs
 from atomk31.engine.sampler import Sampler
 from atomk31.engine.scheduler import ScheduledSequence
 from atomk31.engine.sequence import Sequence
+from atomk31.engine.step_batch import StepRequest, build_forward_batch
 from atomk31.model import ForwardBatch, K31Model
 from atomk31.ops import Kernels, OpTable
 
@@ -23,7 +27,8 @@ from atomk31.ops import Kernels, OpTable
 class ModelRunner:
     def __init__(self, model: K31Model, kernels: Kernels, kv_views: list[MLACacheView],
                  state_pool: KDAStatePool, block_size: int, device: torch.device,
-                 suppressed_token_ids: Callable[[Sequence], list[int]]):
+                 suppressed_token_ids: Callable[[Sequence], list[int]],
+                 parallel: ParallelContext | None = None):
         self.model = model
         self.kernels = kernels
         self.kv_views = kv_views
@@ -33,6 +38,9 @@ class ModelRunner:
         self.sampler = Sampler()
         self.suppressed_token_ids = suppressed_token_ids   # EOS / stops before min_tokens
         self.graphs: DecodeGraphs | None = None             # set by the engine on a GPU
+        self.parallel = parallel or ParallelContext.single()
+        # the first rank of several: sends each step to the others before running it
+        self.publish_step: Callable[[list[StepRequest]], None] | None = None
 
     def forward(self, batch: ForwardBatch, ops: OpTable | None = None) -> torch.Tensor:
         """The model over one batch with this runner's caches and the kernels of ``ops`` (the
@@ -45,7 +53,10 @@ class ModelRunner:
         token was computed this step (a finished prefill or a decode)."""
         logits = self.graphs.run(scheduled) if self.graphs is not None else None
         if logits is None:
-            logits = self.forward(self.prepare(scheduled))
+            requests = self.step_requests(scheduled)
+            if self.publish_step is not None:
+                self.publish_step(requests)
+            logits = self.forward(self.build(requests))
         sampling = [item for item in scheduled if item.is_last_chunk]
         if not sampling:
             return []
@@ -58,48 +69,13 @@ class ModelRunner:
                 for i, item in enumerate(sampling)]
 
     def prepare(self, scheduled: list[ScheduledSequence]) -> ForwardBatch:
-        ids: list[int] = []
-        positions: list[int] = []
-        token_request: list[int] = []
-        slot_mapping: list[int] = []
-        cu_seqlens = [0]
-        logits_indices: list[int] = []
-        snapshots: list[tuple[int, int, int]] = []
-        bs = self.block_size
-        for r, item in enumerate(scheduled):
-            seq, n = item.seq, item.num_new_tokens
-            start = seq.num_computed_tokens
-            tokens = seq.all_token_ids
-            ids.extend(tokens[start:start + n])
-            positions.extend(range(start, start + n))
-            token_request.extend([r] * n)
-            table = seq.block_table
-            slot_mapping.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
-            cu_seqlens.append(cu_seqlens[-1] + n)
-            if item.is_last_chunk:
-                logits_indices.append(cu_seqlens[-1] - 1)
-            snapshots.extend((r, m, slot) for m, slot, _ in item.snapshots)
-        max_blocks = max(len(item.seq.block_table) for item in scheduled)
-        tables = [item.seq.block_table + [-1] * (max_blocks - len(item.seq.block_table))
-                  for item in scheduled]
+        return self.build(self.step_requests(scheduled))
 
-        def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+    def step_requests(self, scheduled: list[ScheduledSequence]) -> list[StepRequest]:
+        return [StepRequest.of(item) for item in scheduled]
 
-        return ForwardBatch(
-            input_ids=tensor(ids, torch.int64),
-            positions=tensor(positions, torch.int64),
-            token_request=tensor(token_request, torch.int32),
-            cu_seqlens=tensor(cu_seqlens, torch.int32),
-            block_tables=tensor(tables, torch.int32),
-            slot_mapping=tensor(slot_mapping, torch.int64),
-            state_slots=tensor([item.seq.state_slot for item in scheduled], torch.int64),
-            has_initial_state=tensor([item.seq.num_computed_tokens > 0 for item in scheduled],
-                                     torch.bool),
-            logits_indices=tensor(logits_indices, torch.int64),
-            snapshots=tensor(snapshots, torch.int64).view(-1, 3),
-            block_size=bs,
-            max_position=max(positions),
-            is_decode_only=all(item.num_new_tokens == 1 for item in scheduled),
-            rows_per_request=math.gcd(*(item.num_new_tokens for item in scheduled)),
-        )
+    def build(self, requests: list[StepRequest]) -> ForwardBatch:
+        """This rank's batch of a step (under DCP: the cache slots of the tokens it holds)."""
+        layout = self.parallel.layout
+        return build_forward_batch(requests, self.block_size, self.device, layout.dcp_size,
+                                   layout.dcp_rank)

@@ -1,0 +1,98 @@
+"""One step's work in plain values, and the ForwardBatch a rank builds from it.
+
+The first rank's scheduler decides a step; `StepRequest` is each scheduled sequence's share
+of it as plain ints (its new tokens, where they start, its block table, its KDA slot and the
+snapshots to take), which is all a rank needs to run the step: under tensor parallelism the
+first rank broadcasts the list, and every rank (the first included) builds its own
+`ForwardBatch` from it with `build_forward_batch`, so all of them run the same forward.
+
+Cache slots. The scheduler's blocks hold ``page_size x dcp_size`` tokens. Without DCP, token
+``p`` of a request goes to slot ``table[p // page_size] * page_size + p % page_size``. Under DCP
+of size W (round-robin by token, ``model/dcp_attention.py``) only DCP rank ``p % W`` stores
+it, at local position ``p // W``: slot ``table[p // (page_size W)] * page_size +
+(p // W) % page_size``; the other ranks' slot is -1 (not written).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from atomk31.engine.scheduler import ScheduledSequence
+from atomk31.model import ForwardBatch
+
+
+@dataclass
+class StepRequest:
+    """One sequence's share of a step."""
+
+    token_ids: list[int]                 # the tokens computed this step
+    start: int                           # position of the first of them
+    block_table: list[int]
+    state_slot: int
+    is_last_chunk: bool                  # its logits are wanted (it samples)
+    # (m, slot): the KDA state after the first m tokens of this step goes to state slot `slot`
+    snapshots: list[tuple[int, int]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, item: ScheduledSequence) -> "StepRequest":
+        seq, start = item.seq, item.seq.num_computed_tokens
+        return cls(seq.all_token_ids[start:start + item.num_new_tokens], start,
+                   list(seq.block_table), seq.state_slot, item.is_last_chunk,
+                   [(m, slot) for m, slot, _ in item.snapshots])
+
+
+def slot_of(position: int, block_table: list[int], page_size: int, dcp_size: int = 1,
+            dcp_rank: int = 0) -> int:
+    """The cache slot of ``position`` on this rank, -1 when another DCP rank stores it."""
+    if position % dcp_size != dcp_rank:
+        return -1
+    block = block_table[position // (page_size * dcp_size)]
+    return block * page_size + (position // dcp_size) % page_size
+
+
+def build_forward_batch(requests: list[StepRequest], page_size: int, device: torch.device,
+                        dcp_size: int = 1, dcp_rank: int = 0) -> ForwardBatch:
+    ids: list[int] = []
+    positions: list[int] = []
+    token_request: list[int] = []
+    slot_mapping: list[int] = []
+    cu_seqlens = [0]
+    logits_indices: list[int] = []
+    snapshots: list[tuple[int, int, int]] = []
+    for r, request in enumerate(requests):
+        n, start = len(request.token_ids), request.start
+        ids.extend(request.token_ids)
+        positions.extend(range(start, start + n))
+        token_request.extend([r] * n)
+        slot_mapping.extend(slot_of(p, request.block_table, page_size, dcp_size, dcp_rank)
+                            for p in range(start, start + n))
+        cu_seqlens.append(cu_seqlens[-1] + n)
+        if request.is_last_chunk:
+            logits_indices.append(cu_seqlens[-1] - 1)
+        snapshots.extend((r, m, slot) for m, slot in request.snapshots)
+    max_blocks = max(len(request.block_table) for request in requests)
+    tables = [request.block_table + [-1] * (max_blocks - len(request.block_table))
+              for request in requests]
+
+    def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+    return ForwardBatch(
+        input_ids=tensor(ids, torch.int64),
+        positions=tensor(positions, torch.int64),
+        token_request=tensor(token_request, torch.int32),
+        cu_seqlens=tensor(cu_seqlens, torch.int32),
+        block_tables=tensor(tables, torch.int32),
+        slot_mapping=tensor(slot_mapping, torch.int64),
+        state_slots=tensor([request.state_slot for request in requests], torch.int64),
+        has_initial_state=tensor([request.start > 0 for request in requests], torch.bool),
+        logits_indices=tensor(logits_indices, torch.int64),
+        snapshots=tensor(snapshots, torch.int64).view(-1, 3),
+        block_size=page_size,
+        max_position=max(positions),
+        is_decode_only=all(len(request.token_ids) == 1 for request in requests),
+        rows_per_request=math.gcd(*(len(request.token_ids) for request in requests)),
+    )
