@@ -112,8 +112,9 @@ def _lowest_tied(order: torch.Tensor, tied: torch.Tensor, need: torch.Tensor,
     positions of the row's tied keys (every tied key where the row does not straddle)."""
     global_position = torch.where(tied, order * world + rank, NO_POSITION)
     everyone = comm.all_gather(global_position)                 # [W, Nq, k]
-    num_rows = order.shape[0]
-    lowest = torch.sort(everyone.permute(1, 0, 2).reshape(num_rows, -1), dim=1).values
+    world_size, num_rows, k = everyone.shape
+    lowest = torch.sort(everyone.permute(1, 0, 2).reshape(num_rows, world_size * k),
+                        dim=1).values
     cut = lowest.gather(1, (need - 1).clamp_min(0)[:, None]).squeeze(1)
     cut = torch.where(need > 0, cut, -1)
     taken = global_position <= cut[:, None]

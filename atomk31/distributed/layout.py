@@ -99,20 +99,22 @@ def parallel_problems(config: ModelConfig, tp: int, dcp: int, expert_parallel: b
     """Every model size that ``tp`` ranks (with ``dcp`` and ``expert_parallel``) cannot split."""
     problems = []
 
-    def must_divide(what: str, n: int, hint: str = "") -> None:
+    def must_divide(what: str, n: int, why: str = "") -> None:
         if n % tp:
-            problems.append(f"{what} ({n}) must be divisible by tensor_parallel_size ({tp}){hint}")
+            problems.append(f"{what} ({n}) must be divisible by tensor_parallel_size ({tp})"
+                            + (f": {why}" if why else ""))
 
     must_divide("num_attention_heads", config.num_attention_heads)
-    must_divide("linear_attn_config.num_heads (KDA heads)", config.kda_num_heads)
-    must_divide("vocab_size (the LM head is split by vocabulary)", config.vocab_size)
-    must_divide("intermediate_size (dense MLP)", config.intermediate_size)
+    must_divide("linear_attn_config.num_heads", config.kda_num_heads, "the KDA heads are split")
+    must_divide("vocab_size", config.vocab_size, "the LM head is split by vocabulary")
+    must_divide("intermediate_size", config.intermediate_size, "the dense MLP is split")
     if config.num_shared_experts:
-        must_divide("the shared experts' width (moe_intermediate_size x num_shared_experts)",
-                    config.moe_intermediate_size * config.num_shared_experts)
+        must_divide("moe_intermediate_size x num_shared_experts",
+                    config.moe_intermediate_size * config.num_shared_experts,
+                    "the shared experts are split")
     if expert_parallel:
-        must_divide("num_experts (expert parallelism partitions the routed experts)",
-                    config.num_experts)
+        must_divide("num_experts", config.num_experts,
+                    "expert parallelism partitions the routed experts")
     elif config.moe_intermediate_size % (tp * MXFP4_GROUP):
         problems.append(
             f"moe_intermediate_size ({config.moe_intermediate_size}) split over "

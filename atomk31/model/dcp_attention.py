@@ -23,21 +23,32 @@ group; the query projections are replicated across the group, so no query is exc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from atomk31.cache import MLACacheView
 from atomk31.distributed.dcp_topk import counts_per_rank, dcp_topk_positions
 from atomk31.distributed.lse_merge import merge_partials
+from atomk31.distributed.parallel_context import ParallelContext
 from atomk31.model.batch import ForwardBatch
 from atomk31.ops import OpTable
 
-if TYPE_CHECKING:
-    from atomk31.model.mla_layer import MLAMixer
+
+class ScoredAttention(Protocol):
+    """What this module needs of the MLA mixer (``mla_layer.MLAMixer``)."""
+
+    parallel: ParallelContext
+    index_topk: int | None
+    softmax_scale: float
+
+    def index_scores(self, x: torch.Tensor, cq: torch.Tensor, row_request: torch.Tensor,
+                     row_position: torch.Tensor, num_positions: int,
+                     block_tables: torch.Tensor, block_size: int, cache: MLACacheView,
+                     ops: OpTable) -> torch.Tensor: ...
 
 
-def dcp_attend(mixer: "MLAMixer", x: torch.Tensor, cq: torch.Tensor, q_abs: torch.Tensor,
+def dcp_attend(mixer: ScoredAttention, x: torch.Tensor, cq: torch.Tensor, q_abs: torch.Tensor,
                batch: ForwardBatch, cache: MLACacheView, ops: OpTable) -> torch.Tensor:
     """Attention outputs [T, H/TP, 512] fp32 of this rank's TP heads (module docstring)."""
     comm = mixer.parallel.dcp
@@ -60,7 +71,7 @@ def dcp_attend(mixer: "MLAMixer", x: torch.Tensor, cq: torch.Tensor, q_abs: torc
     return merge_partials(out, lse, comm, exchange_dtype=x.dtype)
 
 
-def local_scores(mixer: "MLAMixer", x: torch.Tensor, cq: torch.Tensor, batch: ForwardBatch,
+def local_scores(mixer: ScoredAttention, x: torch.Tensor, cq: torch.Tensor, batch: ForwardBatch,
                  cache: MLACacheView, ops: OpTable, num_local: torch.Tensor,
                  local_length: int) -> torch.Tensor:
     """Indexer scores [T, local_length] of every row over this rank's keys (local positions;

@@ -20,16 +20,23 @@ below ``token_sharded_prefill_min_tokens`` (engine option) a step stays head-sha
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from atomk31.cache import MLACacheView
+from atomk31.distributed.parallel_context import ParallelContext
 from atomk31.model.batch import AttentionRows, ForwardBatch
 from atomk31.ops import OpTable
 
-if TYPE_CHECKING:
-    from atomk31.model.mla_layer import MLAMixer
+
+class RowAttention(Protocol):
+    """What this module needs of the MLA mixer (``mla_layer.MLAMixer``)."""
+
+    parallel: ParallelContext
+
+    def attend_rows(self, x: torch.Tensor, cq: torch.Tensor, q_abs: torch.Tensor,
+                    rows: AttentionRows, cache: MLACacheView, ops: OpTable) -> torch.Tensor: ...
 
 
 def token_shards(num_tokens: int, num_ranks: int) -> int:
@@ -37,7 +44,7 @@ def token_shards(num_tokens: int, num_ranks: int) -> int:
     return -(-num_tokens // num_ranks)
 
 
-def token_sharded_attend(mixer: "MLAMixer", x: torch.Tensor, cq: torch.Tensor,
+def token_sharded_attend(mixer: RowAttention, x: torch.Tensor, cq: torch.Tensor,
                          q_abs: torch.Tensor, batch: ForwardBatch, cache: MLACacheView,
                          ops: OpTable) -> torch.Tensor:
     """Attention outputs [T, H/TP, 512] fp32 of this rank's heads (module docstring)."""

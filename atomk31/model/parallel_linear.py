@@ -81,4 +81,4 @@ class VocabParallelLMHead:
         parts = self.comm.gather_to_first(local)      # [TP, M, V/TP]
         if parts is None:
             return local
-        return parts.permute(1, 0, 2).reshape(local.shape[0], -1)
+        return parts.permute(1, 0, 2).reshape(local.shape[0], parts.shape[0] * local.shape[1])
