@@ -19,6 +19,7 @@ from typing import Any
 from atomk31.config import (
     DTYPES, INDEX_CACHE_DTYPES, KERNEL_BACKENDS, KV_CACHE_DTYPES, ConfigError, EngineConfig,
 )
+from atomk31.distributed.flags import add_parallel_arguments, parallel_options
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         action="store_true", default=DEFAULTS.enforce_eager,
                         help="run decode steps eagerly, never from CUDA graphs (debugging, "
                              "profiling)")
+    add_parallel_arguments(parser)
 
 
 def engine_config_from_args(args: argparse.Namespace, model: str) -> EngineConfig:
@@ -102,7 +104,8 @@ def engine_config_from_args(args: argparse.Namespace, model: str) -> EngineConfi
         gpu_memory_utilization=args.gpu_memory_utilization,
         kv_cache_memory=args.kv_cache_memory, max_num_waiting=args.max_num_waiting,
         enforce_eager=args.enforce_eager,
-        online_quant_config=_json_object(args.online_quant_config, "--online-quant-config"))
+        online_quant_config=_json_object(args.online_quant_config, "--online-quant-config"),
+        **parallel_options(args))
 
 
 def _json_object(value: str | None, flag: str) -> dict | None:
@@ -124,11 +127,14 @@ def _json_object(value: str | None, flag: str) -> dict | None:
 
 def serve(args: argparse.Namespace) -> int:
     """Run the server until interrupted; -> the process exit code (2: bad flags, 1: the
-    engine failed to start)."""
+    engine failed to start or stopped: see server/engine_watchdog.py). Under torchrun, ranks
+    other than 0 serve no HTTP: they run the engine's steps."""
     # Imported here, as cli.py does, so that building the CLI parser stays light (no torch).
     import uvicorn
 
+    from atomk31.config import torchrun_rank
     from server.app import create_app
+    from server.engine_watchdog import EngineWatchdog
 
     if args.model is None:
         from atomk31.cli import ensure_default_model
@@ -146,12 +152,22 @@ def serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         logger.error("%s", exc)
         return 2
+    launched = torchrun_rank()
+    if launched is not None and launched.rank != 0:
+        from atomk31.engine.worker import run_torchrun_worker
+
+        return run_torchrun_worker(options, launched)
     app = create_app(options, served_model_name=name, api_key=args.api_key)
     # log_config=None: keep the process's logging set-up (cli.py's) instead of uvicorn's own.
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                                            timeout_graceful_shutdown=5))
+    watchdog = EngineWatchdog(server, app)
+    watchdog.start()
     try:
         server.run()
     except KeyboardInterrupt:   # uvicorn re-raises Ctrl-C once its graceful shutdown is done
         logger.info("stopped")
+    if watchdog.failure is not None:
+        logger.error("exiting: the engine stopped: %s", watchdog.failure)
+        return 1
     return 0 if server.started else 1

@@ -1,4 +1,5 @@
-"""Where one rank sits among the ranks of a distributed engine, and what share of the model it holds.
+"""Where one rank sits among the ranks of a distributed engine, and what share of the model
+it holds.
 
 One process per device; ``tensor_parallel_size`` (TP) ranks in all. Rank ``t``:
 

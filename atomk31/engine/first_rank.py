@@ -96,11 +96,20 @@ class RankLink:
         if self.is_stopped:
             return
         self.is_stopped = True
-        if self.failure() is None:
+        failed = self.failure() is not None
+        if not failed:
             try:
                 self.parallel.tp.broadcast_object(Stop())
             except Exception:       # a rank is gone: nothing to tell it
                 logger.warning("could not tell every rank to stop", exc_info=True)
+                failed = True
+        if failed:
+            # the ranks still alive wait in a collective for a rank that is gone: leaving the
+            # group ends their wait; then they are terminated if they linger
+            leave_ranks()
+            if self.workers is not None:
+                self.workers.stop(timeout_s=2.0)
+            return
         if self.workers is not None:
             self.workers.stop()
         leave_ranks()

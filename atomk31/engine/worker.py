@@ -17,7 +17,7 @@ import logging
 
 import torch
 
-from atomk31.config import EngineConfig, ModelConfig, TorchrunRank
+from atomk31.config import EngineConfig, ModelConfig, TorchrunRank, torchrun_rank
 from atomk31.distributed.launch import join_store, rank_device
 from atomk31.distributed.layout import ParallelLayout
 from atomk31.distributed.parallel_context import ParallelContext, join_ranks, leave_ranks
@@ -53,6 +53,16 @@ def run_torchrun_worker(options: EngineConfig, rank: TorchrunRank) -> int:
     device = rank_device(options.device, rank.local_rank)
     serve_steps(options, join(options, rank.rank, device), device)
     return 0
+
+
+def run_torchrun_worker_if_not_first(model: str, options: dict) -> bool:
+    """Under torchrun on a rank other than 0: run that rank's steps (the engine options must
+    be rank 0's) and return True once rank 0 stops; False anywhere else."""
+    launched = torchrun_rank()
+    if launched is None or launched.rank == 0:
+        return False
+    run_torchrun_worker(EngineConfig(model=model, **options), launched)
+    return True
 
 
 def serve_steps(options: EngineConfig, parallel: ParallelContext, device: torch.device) -> None:
