@@ -17,11 +17,19 @@ class _Group:
         self.world = world
         self.barrier = threading.Barrier(world, timeout=BARRIER_TIMEOUT_S)
         self.slots: list = [None] * world
+        self.subgroups: dict[tuple[int, ...], _Group] = {}
+        self.lock = threading.Lock()
 
 
 class ThreadCommunicator:
     def __init__(self, group: _Group, rank: int):
         self._group, self.rank, self.world_size = group, rank, group.world
+
+    def split(self, ranks: list[int]) -> "ThreadCommunicator":
+        """The communicator of a subgroup (every member calls this with the same ranks)."""
+        with self._group.lock:
+            group = self._group.subgroups.setdefault(tuple(ranks), _Group(len(ranks)))
+        return ThreadCommunicator(group, ranks.index(self.rank))
 
     def _exchange(self, value):
         group = self._group
@@ -47,6 +55,36 @@ class ThreadCommunicator:
 
     def broadcast_object(self, obj):
         return self._exchange(obj)[0]
+
+
+class CountingCommunicator:
+    """Wraps a communicator; records (collective, payload bytes) of every call."""
+
+    def __init__(self, inner):
+        self.inner, self.rank, self.world_size = inner, inner.rank, inner.world_size
+        self.calls: list[tuple[str, int]] = []
+
+    def _count(self, kind: str, x: torch.Tensor) -> None:
+        self.calls.append((kind, x.numel() * x.element_size()))
+
+    def all_reduce(self, x, op="sum"):
+        self._count("all_reduce", x)
+        return self.inner.all_reduce(x, op)
+
+    def all_gather(self, x):
+        self._count("all_gather", x)
+        return self.inner.all_gather(x)
+
+    def all_to_all(self, x):
+        self._count("all_to_all", x)
+        return self.inner.all_to_all(x)
+
+    def gather_to_first(self, x):
+        self._count("gather_to_first", x)
+        return self.inner.gather_to_first(x)
+
+    def broadcast_object(self, obj):
+        return self.inner.broadcast_object(obj)
 
 
 def run_ranks(world: int, fn) -> list:

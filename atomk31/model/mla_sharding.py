@@ -15,7 +15,9 @@ token; each rank has written every token's row before this runs. A step's tokens
 to a multiple of TP with copies of its last row, whose outputs are dropped. The result is the
 head-sharded one up to summation order. The two all-to-alls move 2 x (TP-1)/TP x T x H/TP x
 (576 + 512) elements per rank, cheap next to the indexer work they save at long contexts;
-below ``token_sharded_prefill_min_tokens`` (engine option) a step stays head-sharded.
+below ``token_sharded_prefill_min_tokens`` (engine option) a step stays head-sharded. That
+threshold is a default, not a measurement yet (the seed measured 1.69x TTFT at 340K tokens on
+8 GPUs); ``distributed/collective_bytes.py`` gives the bytes either way.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def token_sharded_attend(mixer: RowAttention, x: torch.Tensor, cq: torch.Tensor,
     mine = padded[rank * per_rank:(rank + 1) * per_rank]
     rows = AttentionRows.of_batch(batch).subset(mine)
     out = mixer.attend_rows(x[mine], cq[mine], q_mine, rows, cache, ops)   # [n, H, 512]
-    out_send = out.view(per_rank, world, heads, -1).permute(1, 0, 2, 3)     # chunk s: s's heads
+    # sent in the compute dtype, which the output projection reads it in anyway
+    out_send = out.to(x.dtype).view(per_rank, world, heads, -1).permute(1, 0, 2, 3)
     out_recv = comm.all_to_all(out_send)                                    # from r: r's tokens
-    return out_recv.reshape(world * per_rank, heads, -1)[:T]
+    return out_recv.reshape(world * per_rank, heads, -1)[:T].float()

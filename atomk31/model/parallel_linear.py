@@ -71,6 +71,12 @@ class VocabParallelLMHead:
                  comm: Communicator):
         self.weight = weights.take(name, shard=Shard(0, start, stop))
         self.comm = comm
+        self.vocab_size = self.weight.shape[0] * comm.world_size
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The whole head's [V, D]: V is the width of the logits the first rank gets."""
+        return self.vocab_size, self.weight.shape[1]
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         """h [M, D] -> float32 logits [M, V] on the first rank (the local [M, V/TP] slice on
