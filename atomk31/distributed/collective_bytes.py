@@ -95,3 +95,51 @@ def step_bytes_sent(collectives: list[Collective], layout: ParallelLayout) -> fl
     """Bytes one rank sends in the whole step."""
     size = {"tp": layout.tp_size, "dcp": layout.dcp_size}
     return sum(c.calls * bytes_sent_per_rank(c, size[c.group]) for c in collectives)
+
+
+PREFILL_CHUNK = 8192
+# (heading, layout, rows per step, token-sharded prefill)
+SCENARIOS = (
+    ("decode row, TP8", ParallelLayout(8, 0, 1, True), 1, False),
+    ("decode row, DCP8", ParallelLayout(8, 0, 8, True), 1, False),
+    (f"{PREFILL_CHUNK // 1024}K prefill, TP8", ParallelLayout(8, 0, 1, True), PREFILL_CHUNK,
+     False),
+    (f"{PREFILL_CHUNK // 1024}K prefill, TP8 token-sharded", ParallelLayout(8, 0, 1, True),
+     PREFILL_CHUNK, True),
+    (f"{PREFILL_CHUNK // 1024}K prefill, DCP8", ParallelLayout(8, 0, 8, True), PREFILL_CHUNK,
+     False),
+)
+
+
+def _size(num_bytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:,.1f} {unit}"
+    return f"{num_bytes:,.0f} B" if num_bytes else "-"
+
+
+def figures_table(config: ModelConfig) -> str:
+    """Markdown: bytes one rank sends per step for each collective, in each SCENARIO (BF16
+    activations, experts over EP8, one sampled row; a sparse step: context past index_topk)."""
+    columns = []
+    for _, layout, rows, token_sharded in SCENARIOS:
+        collectives = step_collectives(config, layout, rows, 1, token_sharded=token_sharded)
+        size = {"tp": layout.tp_size, "dcp": layout.dcp_size}
+        columns.append({f"{c.where} ({c.kind}, {c.calls}x)":
+                        c.calls * bytes_sent_per_rank(c, size[c.group]) for c in collectives})
+        columns[-1]["all told"] = step_bytes_sent(collectives, layout)
+    names = list(dict.fromkeys(name for column in columns for name in column))
+    names.remove("all told")
+    lines = ["| sent per rank per step | " + " | ".join(s[0] for s in SCENARIOS) + " |",
+             "|---" * (len(SCENARIOS) + 1) + "|"]
+    for name in names + ["all told"]:
+        lines.append(f"| {name} | " + " | ".join(_size(c.get(name, 0)) for c in columns)
+                     + " |")
+    return "\n".join(lines)
+
+
+def per_mla_layer_row_bytes(config: ModelConfig, layout: ParallelLayout) -> int:
+    """Payload one rank hands in per query row and MLA layer under DCP: the candidate
+    scores, the partial outputs and their lse, and the block's output all-reduce."""
+    return sum(c.payload for c in step_collectives(config, layout, 1, 1)
+               if c.where.startswith(("DCP", "MLA")))

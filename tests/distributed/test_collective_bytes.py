@@ -3,13 +3,16 @@
 the full model's figures (issue 18, README: Several GPUs)."""
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
 
 from atomk31.checkpoint.presets import preset_config
 from atomk31.config import EngineConfig, ModelConfig
-from atomk31.distributed.collective_bytes import step_bytes_sent, step_collectives
+from atomk31.distributed.collective_bytes import (
+    figures_table, per_mla_layer_row_bytes, step_bytes_sent, step_collectives,
+)
 from atomk31.distributed.communicator import LocalCommunicator
 from atomk31.distributed.layout import ParallelLayout
 from atomk31.distributed.parallel_context import ParallelContext
@@ -103,3 +106,10 @@ def test_full_model_figures_per_decode_row_and_per_mla_layer():
     tp8 = ParallelLayout(8, 0, 1, expert_parallel=True)
     assert step_bytes_sent(step_collectives(config, tp8, 1, 1), tp8) < \
         step_bytes_sent(step_collectives(config, dcp8, 1, 1), dcp8)
+
+
+def test_the_readme_quotes_these_figures():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert figures_table(full_model()) in readme, "regenerate the README's Several GPUs table"
+    assert f"{per_mla_layer_row_bytes(full_model(), ParallelLayout(8, 0, 8, True)) / 1024:.1f} " \
+        "KiB all" in readme.replace("\n", " ")
