@@ -40,7 +40,7 @@ def _add_flag(parser: argparse.ArgumentParser, name: str, help: str, default: An
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of `atomk31 serve`."""
+    """The flags of `atomk31 serve`: the server's own, then the engine's."""
     _add_flag(parser, "host", f"address to listen on (default {DEFAULT_HOST})",
               default=DEFAULT_HOST)
     _add_flag(parser, "port", f"port to listen on (default {DEFAULT_PORT})", value_type=int,
@@ -49,7 +49,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
               f"path, or {DEFAULT_MODEL_NAME!r} for the built-in checkpoint)", default=None)
     _add_flag(parser, "api_key", "require 'Authorization: Bearer KEY' on /v1 routes",
               default=None)
+    add_engine_arguments(parser)
 
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine's flags (EngineConfig's fields), shared by `atomk31 serve` and the offline
+    benchmarks (`atomk31 bench latency | throughput`); `engine_config_from_args` reads them."""
     _add_flag(parser, "model", "checkpoint directory (default: the built-in tiny checkpoint)",
               default=None)
     _add_flag(parser, "block_size", "KV-cache block size in tokens, a power of two",
@@ -79,6 +84,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     _add_flag(parser, "online_quant_config", "PTPC-FP8 online quantization of the BF16 "
               "linears at load: ATOM's JSON ({\"global_quant_config\": \"ptpc_fp8\", "
               "\"exclude_layer\": [...]}), inline or a path to a .json file", default=None)
+    _add_flag(parser, "kda_snapshot_interval", "KDA prefix-cache snapshots every this many "
+              "tokens (a multiple of --block-size; 0: only at prompt ends)", value_type=int,
+              default=DEFAULTS.kda_snapshot_interval)
     parser.add_argument("--enable-prefix-caching", "--enable_prefix_caching",
                         dest="enable_prefix_caching", action="store_true",
                         default=DEFAULTS.enable_prefix_caching,
@@ -103,6 +111,7 @@ def engine_config_from_args(args: argparse.Namespace, model: str) -> EngineConfi
         index_cache_dtype=args.index_cache_dtype, device=args.device,
         gpu_memory_utilization=args.gpu_memory_utilization,
         kv_cache_memory=args.kv_cache_memory, max_num_waiting=args.max_num_waiting,
+        kda_snapshot_interval=args.kda_snapshot_interval,
         enforce_eager=args.enforce_eager,
         online_quant_config=_json_object(args.online_quant_config, "--online-quant-config"),
         **parallel_options(args))

@@ -83,8 +83,11 @@ class LLMEngine:
                                     options.enable_prefix_caching)
         self.snapshots = SnapshotIndex(self.state_pool, plan.num_snapshot_slots
                                        if options.enable_prefix_caching else 0)
+        interval = options.kda_snapshot_interval    # tokens; the scheduler counts its blocks
         self.scheduler = Scheduler(self.block_pool, self.state_pool, self.snapshots,
-                                   options.max_num_seqs, options.max_num_batched_tokens)
+                                   options.max_num_seqs, options.max_num_batched_tokens,
+                                   max(1, interval // self.block_pool.block_size)
+                                   if interval else 0)
         if self.link is not None:
             self.runner.publish_step = lambda requests: self.link.publish(
                 requests, self.state_pool.drain())

@@ -14,7 +14,12 @@ prefix cache where its blocks survived), so it resumes exactly where it stopped.
 Prefix caching. Full blocks are named by chained hashes. On admission a sequence reuses the
 longest cached prefix whose end also has a KDA state snapshot (KDA's state cannot be rebuilt
 from the latent cache), restores that snapshot into its slot and starts computing after it.
-Every block boundary a step crosses asks the model for a snapshot of the state there.
+A step asks the model for a snapshot of the state at the block boundaries it crosses that are
+worth one: the end of the prompt's last full block (what the next turn of a conversation, or a
+repeat of the prompt, hits) and every `snapshot_interval_blocks` blocks (shared prefixes such
+as system prompts, and long generations). Not at every block: one K3.1 state is 449 MB, so
+snapshots at every 128 tokens would fill the snapshot budget with states no hit will use and
+copy 449 MB per block of prefill.
 """
 
 from __future__ import annotations
@@ -45,8 +50,10 @@ class ScheduledSequence:
 
 class Scheduler:
     def __init__(self, block_pool: BlockPool, state_pool: KDAStatePool,
-                 snapshots: SnapshotIndex, max_num_seqs: int, max_num_batched_tokens: int):
+                 snapshots: SnapshotIndex, max_num_seqs: int, max_num_batched_tokens: int,
+                 snapshot_interval_blocks: int = 1):
         self.block_pool = block_pool
+        self.snapshot_interval_blocks = snapshot_interval_blocks   # 0: prompt ends only
         self.state_pool = state_pool
         self.snapshots = snapshots
         self.block_size = block_pool.block_size
@@ -112,6 +119,29 @@ class Scheduler:
                 self.block_pool.register_full(seq.block_table[b], hashes[b])
             for _, _, block_hash in item.snapshots:
                 self.snapshots.commit(block_hash)   # written by the step: now restorable
+
+    def place_computed(self, seq: Sequence, num_computed_tokens: int) -> bool:
+        """Benchmark hook (`atomk31 bench latency`): admit the waiting `seq` as if its first
+        `num_computed_tokens` tokens had been prefilled, without running them. It takes a state
+        slot and the blocks covering those tokens and skips the prefix cache; the caller writes
+        the cache rows and the KDA state. False, with nothing taken, when no slot, too few
+        blocks or no room under max_num_seqs is left."""
+        if seq not in self.waiting:
+            raise ValueError(f"{seq!r} is not waiting; place a sequence right after adding it")
+        if not 0 < num_computed_tokens < seq.num_tokens:
+            raise ValueError(f"num_computed_tokens must be in 1..{seq.num_tokens - 1} (at least "
+                             f"one token left to compute), got {num_computed_tokens}")
+        num_blocks = -(-num_computed_tokens // self.block_size)
+        if (self.state_pool.num_free_slots == 0 or len(self.running) >= self.max_num_seqs
+                or not self.block_pool.can_allocate(num_blocks)):
+            return False
+        self.waiting.remove(seq)
+        seq.state_slot = self.state_pool.allocate()
+        seq.block_table = self.block_pool.allocate(num_blocks)
+        seq.status = SequenceStatus.RUNNING
+        seq.num_computed_tokens = num_computed_tokens
+        self.running.append(seq)
+        return True
 
     # -- internals ----------------------------------------------------------------------
     def _admit(self, seq: Sequence) -> bool:
@@ -179,11 +209,15 @@ class Scheduler:
         return hashes
 
     def _plan(self, seq: Sequence, n: int) -> ScheduledSequence:
-        """The step's work for `seq`, with a KDA snapshot at every block boundary it crosses."""
+        """The step's work for `seq`, with a KDA snapshot at each block boundary it crosses
+        that is worth one (module docstring)."""
         item = ScheduledSequence(seq, n)
         start, bs = seq.num_computed_tokens, self.block_size
         hashes = self._hash_blocks(seq)
+        prompt_end, every = seq.num_prompt_tokens // bs, self.snapshot_interval_blocks
         for boundary in range(start // bs + 1, (start + n) // bs + 1):
+            if boundary != prompt_end and not (every and boundary % every == 0):
+                continue
             slot = self.snapshots.reserve(hashes[boundary - 1])
             if slot is not None:
                 item.snapshots.append((boundary * bs - start, slot, hashes[boundary - 1]))

@@ -23,6 +23,9 @@ import torch
 from atomk31.engine.scheduler import ScheduledSequence
 from atomk31.model import ForwardBatch
 
+# Start of every column in the packed upload: kernels may load them with 16-byte accesses.
+UPLOAD_ALIGN_BYTES = 16
+
 
 @dataclass
 class StepRequest:
@@ -74,25 +77,54 @@ def build_forward_batch(requests: list[StepRequest], page_size: int, device: tor
             logits_indices.append(cu_seqlens[-1] - 1)
         snapshots.extend((r, m, slot) for m, slot in request.snapshots)
     max_blocks = max(len(request.block_table) for request in requests)
-    tables = [request.block_table + [-1] * (max_blocks - len(request.block_table))
-              for request in requests]
-
-    def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
-
+    tables = [b for request in requests
+              for b in request.block_table + [-1] * (max_blocks - len(request.block_table))]
+    t = upload(device, {
+        "input_ids": (ids, torch.int64), "positions": (positions, torch.int64),
+        "slot_mapping": (slot_mapping, torch.int64),
+        "state_slots": ([request.state_slot for request in requests], torch.int64),
+        "has_initial_state": ([int(request.start > 0) for request in requests], torch.int64),
+        "logits_indices": (logits_indices, torch.int64),
+        "snapshots": ([v for row in snapshots for v in row], torch.int64),
+        "token_request": (token_request, torch.int32), "cu_seqlens": (cu_seqlens, torch.int32),
+        "block_tables": (tables, torch.int32)})
     return ForwardBatch(
-        input_ids=tensor(ids, torch.int64),
-        positions=tensor(positions, torch.int64),
-        token_request=tensor(token_request, torch.int32),
-        cu_seqlens=tensor(cu_seqlens, torch.int32),
-        block_tables=tensor(tables, torch.int32),
-        slot_mapping=tensor(slot_mapping, torch.int64),
-        state_slots=tensor([request.state_slot for request in requests], torch.int64),
-        has_initial_state=tensor([request.start > 0 for request in requests], torch.bool),
-        logits_indices=tensor(logits_indices, torch.int64),
-        snapshots=tensor(snapshots, torch.int64).view(-1, 3),
+        input_ids=t["input_ids"],
+        positions=t["positions"],
+        token_request=t["token_request"],
+        cu_seqlens=t["cu_seqlens"],
+        block_tables=t["block_tables"].view(len(requests), max_blocks),
+        slot_mapping=t["slot_mapping"],
+        state_slots=t["state_slots"],
+        has_initial_state=t["has_initial_state"].bool(),
+        logits_indices=t["logits_indices"],
+        snapshots=t["snapshots"].view(-1, 3),
         block_size=page_size,
         max_position=max(positions),
         is_decode_only=all(len(request.token_ids) == 1 for request in requests),
         rows_per_request=math.gcd(*(len(request.token_ids) for request in requests)),
     )
+
+
+def upload(device: torch.device, columns: dict[str, tuple[list[int], torch.dtype]]
+           ) -> dict[str, torch.Tensor]:
+    """The step's integer columns on ``device`` with one host-to-device copy per dtype: packed
+    into one buffer (pinned on a GPU, so the copy is asynchronous) and split into views there.
+    A copy per column from pageable memory would cost a launch and a host stall each."""
+    out: dict[str, torch.Tensor] = {}
+    for dtype in {dtype for _, dtype in columns.values()}:
+        names = [name for name, (_, d) in columns.items() if d == dtype]
+        align = UPLOAD_ALIGN_BYTES // dtype.itemsize
+        flat: list[int] = []
+        starts = []
+        for name in names:           # every column starts on a 16-byte boundary
+            starts.append(len(flat))
+            flat.extend(columns[name][0])
+            flat.extend([0] * (-len(flat) % align))
+        host = torch.tensor(flat, dtype=dtype)
+        if device.type == "cuda":
+            host = host.pin_memory()
+        packed = host.to(device, non_blocking=True)
+        for name, start in zip(names, starts):
+            out[name] = packed[start:start + len(columns[name][0])]
+    return out

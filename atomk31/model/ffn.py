@@ -17,6 +17,8 @@ are replicated. The block's output (routed + shared) costs the second all-reduce
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from atomk31.checkpoint.slices import Shard
@@ -101,25 +103,23 @@ class LatentMoE:
         rows, packed_cols, scale_cols = (Shard(0, f0, f1), Shard(1, f0 // 2, f1 // 2),
                                          Shard(1, f0 // 32, f1 // 32))
         if self.is_mxfp4:
-            self.w13_packed = _stack([torch.cat([weights.take_raw(p + "w1.weight_packed", rows),
-                                                 weights.take_raw(p + "w3.weight_packed", rows)])
-                                      for p in held])
-            self.w13_scales = _stack([torch.cat([weights.take_raw(p + "w1.weight_scale", rows),
-                                                 weights.take_raw(p + "w3.weight_scale", rows)])
-                                      for p in held])
-            self.w2_packed = _stack([weights.take_raw(p + "w2.weight_packed", packed_cols)
-                                     for p in held])
-            self.w2_scales = _stack([weights.take_raw(p + "w2.weight_scale", scale_cols)
-                                     for p in held])
+            self.w13_packed = _stack_experts(lambda n: weights.take_raw(n, rows), held,
+                                             ("w1.weight_packed", "w3.weight_packed"))
+            self.w13_scales = _stack_experts(lambda n: weights.take_raw(n, rows), held,
+                                             ("w1.weight_scale", "w3.weight_scale"))
+            self.w2_packed = _stack_experts(lambda n: weights.take_raw(n, packed_cols), held,
+                                            ("w2.weight_packed",))
+            self.w2_scales = _stack_experts(lambda n: weights.take_raw(n, scale_cols), held,
+                                            ("w2.weight_scale",))
             # Once per layer, at load (one host sync here, none per step): whether every
             # scale byte allows the kernels' one-multiply decode (ops/moe.py's docstring).
             self.one_factor_exact = mxfp4_scales_allow_one_factor(self.w13_scales,
                                                                   self.w2_scales)
         else:
-            self.w13 = _stack([weights.take_cat([p + "w1.weight", p + "w3.weight"], shard=rows)
-                               for p in held])
-            self.w2 = _stack([weights.take(p + "w2.weight", shard=Shard(1, f0, f1))
-                              for p in held])
+            self.w13 = _stack_experts(lambda n: weights.take(n, shard=rows), held,
+                                      ("w1.weight", "w3.weight"))
+            self.w2 = _stack_experts(lambda n: weights.take(n, shard=Shard(1, f0, f1)), held,
+                                     ("w2.weight",))
 
     @property
     def ops_called(self) -> tuple[str, ...]:
@@ -175,5 +175,17 @@ class LatentMoE:
         return u
 
 
-def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return torch.stack(tensors).contiguous()
+def _stack_experts(take: Callable[[str], torch.Tensor], prefixes: list[str],
+                   parts: tuple[str, ...]) -> torch.Tensor:
+    """[E, rows, ...]: each expert's ``parts`` concatenated along their rows, written expert by
+    expert into one tensor while each source tensor is dropped after its copy, so one layer's
+    experts are never held twice (a list of per-expert tensors then a stack would)."""
+    out = None
+    for e, prefix in enumerate(prefixes):
+        pieces = [take(prefix + part) for part in parts]
+        if out is None:
+            rows = sum(piece.shape[0] for piece in pieces)
+            out = torch.empty((len(prefixes), rows, *pieces[0].shape[1:]),
+                              dtype=pieces[0].dtype, device=pieces[0].device)
+        torch.cat(pieces, out=out[e])
+    return out
