@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from atomk31.checkpoint.presets import preset_config
 from atomk31.cli import main
+from k31_config import k31_pro_config
 
 GB = 1e9
 
@@ -14,14 +14,8 @@ GB = 1e9
 @pytest.fixture(scope="module")
 def k31_dir(tmp_path_factory):
     """The full K3.1 Pro config.json (§2.3): the proxy's widths with 93 layers, 896 experts."""
-    config = preset_config("proxy")
-    text = config["text_config"]
-    mla = [i for i in range(1, 94) if i % 4 == 0 or i == 93]
-    text.update(num_hidden_layers=93, num_experts=896)
-    text["linear_attn_config"].update(full_attn_layers=mla,
-                                      kda_layers=[i for i in range(1, 94) if i not in mla])
     out = tmp_path_factory.mktemp("k31")
-    (out / "config.json").write_text(json.dumps(config))
+    (out / "config.json").write_text(json.dumps(k31_pro_config()))
     return out
 
 

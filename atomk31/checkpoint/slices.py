@@ -111,5 +111,6 @@ class CheckpointSlices:
 
     def _handle(self, file: Path):
         if file not in self._files:
-            self._files[file] = safe_open(file, framework="pt", device="cpu")
+            # on a GPU straight onto it: a tensor's bytes are read as the bar counts them
+            self._files[file] = safe_open(file, framework="pt", device=str(self.device))
         return self._files[file]

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from atomk31.checkpoint.presets import preset_config
 from atomk31.config import EngineConfig, ModelConfig
 from atomk31.distributed.collective_bytes import (
     figures_table, per_mla_layer_row_bytes, step_bytes_sent, step_collectives,
@@ -18,6 +17,7 @@ from atomk31.distributed.layout import ParallelLayout
 from atomk31.distributed.parallel_context import ParallelContext
 from atomk31.engine.rank import build_rank
 from atomk31.engine.step_batch import StepRequest
+from k31_config import k31_pro_config
 from thread_ranks import CountingCommunicator, run_ranks
 
 PROMPT = list(range(1, 101))       # 100 tokens: past index_topk (64), so the step selects
@@ -84,13 +84,7 @@ def test_listed_collectives_are_the_ones_the_layers_issue(tiny_checkpoint, tp, d
 
 
 def full_model() -> ModelConfig:
-    config = preset_config("proxy")
-    text = config["text_config"]
-    mla = [i for i in range(1, 94) if i % 4 == 0 or i == 93]
-    text.update(num_hidden_layers=93, num_experts=896)
-    text["linear_attn_config"].update(full_attn_layers=mla,
-                                      kda_layers=[i for i in range(1, 94) if i not in mla])
-    return ModelConfig.from_dict(config)
+    return ModelConfig.from_dict(k31_pro_config())
 
 
 def test_full_model_figures_per_decode_row_and_per_mla_layer():
