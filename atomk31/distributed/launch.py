@@ -66,7 +66,6 @@ class WorkerRanks:
         self._lock = threading.Lock()
         self._watch = threading.Thread(target=self._watch_loop, name="atomk31-rank-watchdog",
                                        daemon=True)
-        self._on_failure: list[Callable[[str], None]] = []
         self._watch.start()
 
     @classmethod
@@ -97,10 +96,6 @@ class WorkerRanks:
                         break
             return self._failure
 
-    def on_failure(self, callback: Callable[[str], None]) -> None:
-        """Call ``callback(message)`` from the watchdog thread when a rank dies."""
-        self._on_failure.append(callback)
-
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Wait for the ranks to exit (they were told to stop), then terminate stragglers."""
         self._stopping = True
@@ -112,10 +107,9 @@ class WorkerRanks:
                 process.join(5)
 
     def _watch_loop(self) -> None:
+        """Log the first rank that exits unasked, as soon as it does."""
         sentinels = [p.sentinel for p in self.processes]
         multiprocessing.connection.wait(sentinels)      # returns when the first one exits
         message = self.failure()
         if message is not None:
             logger.error("%s", message)
-            for callback in self._on_failure:
-                callback(message)

@@ -36,7 +36,6 @@ class ParallelContext:
     dcp: LocalCommunicator | TorchCommunicator = field(default_factory=LocalCommunicator)
     # prefill steps of at least this many tokens attend token-sharded (model/mla_sharding.py)
     token_sharded_prefill_min_tokens: int = 16384
-    dcp_all_gather_backend: str = "none"    # what the DCP score exchange runs on (info)
 
     @classmethod
     def single(cls) -> "ParallelContext":
@@ -85,18 +84,16 @@ def join_ranks(layout: ParallelLayout, device: torch.device, timeout_s: float,
                          "--tensor-parallel-size equal to the number of processes")
     tp = TorchCommunicator(list(range(layout.tp_size)), None)
     dcp: LocalCommunicator | TorchCommunicator = LocalCommunicator()
-    gather_name = "none"
     if layout.dcp_size > 1:
         for g in range(layout.num_head_groups):     # every rank creates every group, in order
             ranks = layout.dcp_group_ranks(g)
             group = dist.new_group(ranks, timeout=timeout)
             if g == layout.head_group:
                 gather = make_dcp_all_gather(dcp_all_gather, device, group)
-                gather_name = type(gather).__name__
                 dcp = TorchCommunicator(ranks, group, all_gather=gather)
     logger.info("rank %d of %d joined (%s; DCP group %s)", layout.tp_rank, layout.tp_size,
                 backend, layout.dcp_group_ranks())
-    return ParallelContext(layout, tp, dcp, token_sharded_prefill_min_tokens, gather_name)
+    return ParallelContext(layout, tp, dcp, token_sharded_prefill_min_tokens)
 
 
 def leave_ranks() -> None:

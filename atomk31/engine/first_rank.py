@@ -19,6 +19,7 @@ import logging
 import time
 
 import torch
+import torch.distributed as dist
 
 from atomk31.config import EngineConfig, torchrun_rank
 from atomk31.distributed.launch import WorkerRanks, open_store, rank_device
@@ -34,16 +35,21 @@ HEARTBEAT_S = 5.0
 
 class RankLink:
     def __init__(self, parallel: ParallelContext, device: torch.device,
-                 workers: WorkerRanks | None):
+                 workers: WorkerRanks | None, store: object | None = None):
         self.parallel = parallel
         self.device = device
         self.workers = workers          # None under torchrun (torchrun watches its ranks)
+        self._store = store             # the rendezvous store, open for the ranks' lifetime
         self._last_message = time.monotonic()
         self._failure: str | None = None
         self.is_stopped = False
 
     @classmethod
     def start(cls, options: EngineConfig) -> "RankLink":
+        if dist.is_initialized():
+            raise ValueError("this process already runs a distributed engine (torch.distributed "
+                             "is initialised); shut it down (llm.shutdown()) before starting "
+                             "another")
         world = options.tensor_parallel_size
         launched = torchrun_rank()
         if launched is not None:
@@ -64,9 +70,7 @@ class RankLink:
         except BaseException:
             workers.stop(timeout_s=5)
             raise
-        link = cls(parallel, device, workers)
-        link._store = store            # kept open for the ranks' lifetime
-        return link
+        return cls(parallel, device, workers, store)
 
     def failure(self) -> str | None:
         if self._failure is None and self.workers is not None:
@@ -74,12 +78,13 @@ class RankLink:
         return self._failure
 
     def fail(self, what: str, error: BaseException | None = None) -> RankFailure:
-        """The RankFailure to raise after ``what`` went wrong (naming a dead rank if any)."""
+        """The RankFailure to raise after ``what`` went wrong (naming a dead rank if any);
+        from then on every send fails at once."""
         dead = self.failure()
         self._failure = self._failure or f"{what}: {error!r}"
-        detail = f"{dead}" if dead else f"{error!r}"
-        return RankFailure(f"{what} ({detail}); the engine cannot go on with a rank missing: "
-                           "restart it")
+        detail = dead if dead else repr(error)
+        return RankFailure(f"{what} ({detail}); the ranks can no longer agree on the next "
+                           "step: restart the engine")
 
     def publish(self, requests: list[StepRequest], state_ops: list) -> None:
         self._send(StepMessage(requests, state_ops), "sending a step to the other ranks")

@@ -73,7 +73,11 @@ def serve_steps(options: EngineConfig, parallel: ParallelContext, device: torch.
         parts = build_rank(options, model_config, config, device, parallel)
         logger.info("rank %d ready", parallel.rank)
         while True:
-            message = parallel.tp.broadcast_object(None)
+            try:
+                message = parallel.tp.broadcast_object(None)
+            except Exception as error:      # the first rank is gone, or timed out
+                logger.error("rank %d lost the first rank (%r); exiting", parallel.rank, error)
+                raise SystemExit(1) from error
             if isinstance(message, Stop):
                 break
             if isinstance(message, Heartbeat):

@@ -85,6 +85,8 @@ def test_token_sharded_prefill_equals_head_sharded(tiny_checkpoint, tp2_head_sha
              **OPTIONS) as llm:
         tokens, logits = generate(llm)
         pools_free(llm)
+        with pytest.raises(ValueError, match="already runs a distributed engine"):
+            LLM(tiny_checkpoint, tensor_parallel_size=2, **OPTIONS)
     assert calls and min(calls) >= 32, "prefill steps of 32+ tokens attend token-sharded"
     assert tokens == tp2_head_sharded[0]
     assert logits.compare(tp2_head_sharded[1]) <= TOLERANCE
