@@ -156,7 +156,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from server.launch import serve
 
-    return serve(args)
+    return serve(args, ensure_default_model)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

@@ -134,10 +134,12 @@ def _json_object(value: str | None, flag: str) -> dict | None:
         raise ConfigError([f"{flag}: not valid JSON: {e}"], source="serve flags") from e
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace, default_model: Callable[[], Path] | None = None) -> int:
     """Run the server until interrupted; -> the process exit code (2: bad flags, 1: the
-    engine failed to start or stopped: see server/engine_watchdog.py). Under torchrun, ranks
-    other than 0 serve no HTTP: they run the engine's steps."""
+    engine failed to start or stopped: see server/engine_watchdog.py). ``default_model()``: the
+    built-in checkpoint's directory, for when no --model is given (cli.py owns where it lives);
+    without it --model is required. Under torchrun, ranks other than 0 serve no HTTP: they
+    run the engine's steps."""
     # Imported here, as cli.py does, so that building the CLI parser stays light (no torch).
     import uvicorn
 
@@ -145,10 +147,11 @@ def serve(args: argparse.Namespace) -> int:
     from server.app import create_app
     from server.engine_watchdog import EngineWatchdog
 
+    if args.model is None and default_model is None:
+        logger.error("no --model given; pass a checkpoint directory")
+        return 2
     if args.model is None:
-        from atomk31.cli import ensure_default_model
-
-        model = str(ensure_default_model())
+        model = str(default_model())
         name = args.served_model_name or DEFAULT_MODEL_NAME
     else:
         model = str(args.model)

@@ -79,19 +79,18 @@ def test_defaults_are_the_engine_defaults():
 def test_bad_flags_exit_2_listing_every_problem(tiny_checkpoint, caplog):
     args = parse(["--model", str(tiny_checkpoint), "--block-size", "96", "--max-num-seqs", "0"])
     with caplog.at_level(logging.ERROR, logger="server.launch"):
-        assert launch.serve(args) == 2
+        assert launch.serve(args, default_model=lambda: tiny_checkpoint) == 2
     assert "block_size must be a power of two, got 96" in caplog.text
     assert "max_num_seqs must be >= 1, got 0" in caplog.text
 
 
 def test_empty_api_key_exits_2(tiny_checkpoint):
-    assert launch.serve(parse(["--model", str(tiny_checkpoint), "--api-key", ""])) == 2
+    assert launch.serve(parse(["--model", str(tiny_checkpoint), "--api-key", ""]),
+                        default_model=lambda: tiny_checkpoint) == 2
 
 
 def test_without_model_serves_the_built_in_checkpoint(monkeypatch, tiny_checkpoint):
     import uvicorn
-
-    import atomk31.cli
 
     started = {}
 
@@ -103,9 +102,8 @@ def test_without_model_serves_the_built_in_checkpoint(monkeypatch, tiny_checkpoi
         def run(self) -> None:
             started["app"] = started["config"].app
 
-    monkeypatch.setattr(atomk31.cli, "ensure_default_model", lambda: tiny_checkpoint)
     monkeypatch.setattr(uvicorn, "Server", FakeServer)
-    assert launch.serve(parse(["--port", "8123"])) == 0
+    assert launch.serve(parse(["--port", "8123"]), lambda: tiny_checkpoint) == 0
     app = started["app"]
     assert app.state.served_model_name == launch.DEFAULT_MODEL_NAME
     assert started["config"].port == 8123 and started["config"].host == "127.0.0.1"
