@@ -275,7 +275,8 @@ class EngineConfig:
         if not 0 <= self.snapshot_fraction < 1:
             problems.append(f"snapshot_fraction must be in [0, 1), got {self.snapshot_fraction}")
         interval = self.kda_snapshot_interval
-        if interval < 0 or (self.block_size > 0 and interval % self.block_size):
+        block_size_valid = isinstance(bs, int) and bs >= 1 and not bs & (bs - 1)
+        if interval < 0 or (block_size_valid and interval % bs):
             problems.append(f"kda_snapshot_interval must be 0 or a positive multiple of "
                             f"block_size ({self.block_size}), got {interval}")
         if self.online_quant_config is not None:

@@ -20,6 +20,7 @@ from atomk31.config import (
     DTYPES, INDEX_CACHE_DTYPES, KERNEL_BACKENDS, KV_CACHE_DTYPES, ConfigError, EngineConfig,
 )
 from atomk31.distributed.flags import add_parallel_arguments, parallel_options
+from server.limits import ServerLimits
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +28,9 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_MODEL_NAME = "atomk31-tiny"   # the name of the built-in tiny checkpoint
 DEFAULTS = EngineConfig(model="")     # the engine's own defaults, written once, in config.py
+LIMITS = ServerLimits()               # the server's, in server/limits.py
+K3_PARSER = "kimi_k3"                 # vLLM's name for K3's tool-call and reasoning parsers
+LOAD_FORMATS = ("auto", "safetensors")
 
 
 def _add_flag(parser: argparse.ArgumentParser, name: str, help: str, default: Any,
@@ -37,6 +41,69 @@ def _add_flag(parser: argparse.ArgumentParser, name: str, help: str, default: An
     flags = [kebab] if kebab == snake else [kebab, snake]
     parser.add_argument(*flags, dest=name.replace("-", "_"), help=help, default=default,
                         type=value_type, choices=choices)
+
+
+def add_vllm_compatible_arguments(parser: argparse.ArgumentParser) -> None:
+    """vLLM flags that mean nothing here, so that `vllm serve` command lines run unchanged:
+    accepted (with the one value that fits K3) and logged once at start-up as ignored."""
+    for name, help in (("trust_remote_code", "accepted for vLLM compatibility; no remote code "
+                        "runs (K3's tokenizer and chat format are built in)"),
+                       ("enable_auto_tool_choice", "accepted for vLLM compatibility; tool calls "
+                        "are always parsed")):
+        parser.add_argument("--" + name.replace("_", "-"), "--" + name, dest=name,
+                            action="store_true", default=False, help=help)
+    _add_flag(parser, "load_format", "accepted for vLLM compatibility: checkpoints load from "
+              "safetensors", default=None, value_type=_only_of(LOAD_FORMATS, "--load-format",
+                                                               "checkpoints load from safetensors"))
+    for name in ("tool_call_parser", "reasoning_parser"):
+        _add_flag(parser, name, f"accepted for vLLM compatibility: K3's own parser always runs "
+                  f"(only {K3_PARSER} is accepted)", default=None,
+                  value_type=_only_of((K3_PARSER,), "--" + name.replace("_", "-"),
+                                      "this server parses Kimi K3's own format"))
+
+
+def _only_of(accepted: Sequence[str], flag: str, why: str) -> Callable[[str], str]:
+    """An argparse type accepting only `accepted`: a vLLM flag whose meaning is fixed here."""
+    def check(value: str) -> str:
+        if value not in accepted:
+            raise argparse.ArgumentTypeError(f"{value!r} is not supported: {why}; pass {flag} "
+                                             f"{' or '.join(accepted)} or leave the flag out")
+        return value
+    return check
+
+
+def ignored_vllm_flags(args: argparse.Namespace) -> list[str]:
+    """The vLLM-compatibility flags given, as `--flag value`, for the start-up log."""
+    given = []
+    for name in ("trust_remote_code", "enable_auto_tool_choice"):
+        if getattr(args, name, False):
+            given.append("--" + name.replace("_", "-"))
+    for name in ("load_format", "tool_call_parser", "reasoning_parser"):
+        if getattr(args, name, None) is not None:
+            given.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
+    return given
+
+
+def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """What one request may cost before it reaches the engine (server/limits.py)."""
+    _add_flag(parser, "max_request_body_bytes", "largest request body; beyond, 413 (default "
+              f"{LIMITS.max_request_body_bytes})", value_type=int,
+              default=LIMITS.max_request_body_bytes)
+    _add_flag(parser, "max_chat_messages", "most messages in one chat request (default "
+              f"{LIMITS.max_chat_messages})", value_type=int, default=LIMITS.max_chat_messages)
+    _add_flag(parser, "max_content_parts", "most content parts and blocks in one chat request "
+              f"(default {LIMITS.max_content_parts})", value_type=int,
+              default=LIMITS.max_content_parts)
+
+
+def limits_from_args(args: argparse.Namespace) -> ServerLimits:
+    """ServerLimits from parsed flags; raises ConfigError naming each bad value."""
+    try:
+        return ServerLimits(max_request_body_bytes=args.max_request_body_bytes,
+                            max_chat_messages=args.max_chat_messages,
+                            max_content_parts=args.max_content_parts)
+    except ValueError as exc:
+        raise ConfigError([str(exc)], source="serve flags") from exc
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,6 +166,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run decode steps eagerly, never from CUDA graphs (debugging, "
                              "profiling)")
     add_parallel_arguments(parser)
+    add_limit_arguments(parser)
+    add_vllm_compatible_arguments(parser)
 
 
 def engine_config_from_args(args: argparse.Namespace, model: str) -> EngineConfig:
@@ -161,6 +230,7 @@ def serve(args: argparse.Namespace, default_model: Callable[[], Path] | None = N
         return 2
     try:
         options = engine_config_from_args(args, model)
+        limits = limits_from_args(args)
     except ConfigError as exc:
         logger.error("%s", exc)
         return 2
@@ -169,7 +239,10 @@ def serve(args: argparse.Namespace, default_model: Callable[[], Path] | None = N
         from atomk31.engine.worker import run_torchrun_worker
 
         return run_torchrun_worker(options, launched)
-    app = create_app(options, served_model_name=name, api_key=args.api_key)
+    ignored = ignored_vllm_flags(args)
+    if ignored:
+        logger.info("accepted for vLLM compatibility and ignored: %s", ", ".join(ignored))
+    app = create_app(options, served_model_name=name, api_key=args.api_key, limits=limits)
     # log_config=None: keep the process's logging set-up (cli.py's) instead of uvicorn's own.
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                                            timeout_graceful_shutdown=5))

@@ -87,7 +87,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_pool, self.state_pool, self.snapshots,
                                    options.max_num_seqs, options.max_num_batched_tokens,
                                    max(1, interval // self.block_pool.block_size)
-                                   if interval else 0)
+                                   if interval else 0, copy_block=self._copy_block)
         if self.link is not None:
             self.runner.publish_step = lambda requests: self.link.publish(
                 requests, self.state_pool.drain())
@@ -114,6 +114,13 @@ class LLMEngine:
         if self.link is not None:
             self.link.keepalive()
 
+    def _copy_block(self, src: int, dst: int) -> None:
+        """One block's row of the packed pool (every MLA layer's pages) into another; under
+        several ranks each repeats it on its own pool before the next step."""
+        self.kv_pool[dst].copy_(self.kv_pool[src])
+        if self.link is not None:
+            self.state_pool.pending.append(("copy_block", src, dst))
+
     def _eos_token_ids(self, model_dir: str) -> set[int]:
         """The tokenizer's `[EOS]` plus generation_config.json's eos ids (`<|end_of_msg|>`,
         which ends every message, CHAT_FORMAT.md §1)."""
@@ -127,17 +134,29 @@ class LLMEngine:
     # -- requests -----------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams,
                     request_id: str | None = None) -> str:
-        request_id = request_id if request_id is not None else str(next(self._ids))
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        text = prompt if isinstance(prompt, str) else None
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self._check_prompt(ids, params)
-        seqs = [Sequence(request_id, ids, params, index=i) for i in range(params.n)]
-        self.requests[request_id] = _Request(request_id, text, seqs)
-        for seq in seqs:
-            self.scheduler.add(seq)
-        return request_id
+        return self.add_requests([(prompt, params, request_id)])[0]
+
+    def add_requests(self, requests: list[tuple[str | list[int], SamplingParams, str | None]]
+                     ) -> list[str]:
+        """Admit several `(prompt, params, request_id or None)` at once, so that the next step
+        can batch them all; every request is checked first and none is added if one fails.
+        A request with n > 1 queues its first completion; the others fork from it once its
+        prompt is computed (scheduler.py)."""
+        built = []
+        for prompt, params, request_id in requests:
+            request_id = request_id if request_id is not None else str(next(self._ids))
+            if request_id in self.requests or any(r.request_id == request_id for r in built):
+                raise ValueError(f"request id {request_id!r} is already in use")
+            text = prompt if isinstance(prompt, str) else None
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            self._check_prompt(ids, params)
+            seqs = [Sequence(request_id, ids, params, index=i) for i in range(params.n)]
+            seqs[0].forks = seqs[1:]
+            built.append(_Request(request_id, text, seqs))
+        for request in built:
+            self.requests[request.request_id] = request
+            self.scheduler.add(request.seqs[0])
+        return [request.request_id for request in built]
 
     def _check_prompt(self, ids: list[int], params: SamplingParams) -> None:
         limit = self.config.max_model_len
@@ -174,15 +193,19 @@ class LLMEngine:
         if not scheduled:
             return []
         sampled = self._run(scheduled)
+        # n > 1: prefills that just ended; their other completions continue from this prompt
+        forking = [item.seq for item in scheduled if item.seq.forks and item.is_last_chunk]
         self.scheduler.complete(scheduled)
         touched: dict[str, _Request] = {}
-        for item, token, logprobs in sampled:
-            seq = item.seq
+        for seq, token, logprobs in sampled:
             seq.append_token(token, logprobs)
             self.stop_checker.check(seq, self.config.max_model_len)
+            touched[seq.request_id] = self.requests[seq.request_id]
+        for parent in forking:
+            self.scheduler.fork(parent)
+        for seq, _, _ in sampled:
             if seq.is_finished:
                 self.scheduler.finish(seq)
-            touched[seq.request_id] = self.requests[seq.request_id]
         outputs = [self._output(request) for request in touched.values()]
         for out in outputs:
             if out.finished:
@@ -207,5 +230,6 @@ class LLMEngine:
             outputs=[seq.to_completion_output() for seq in request.seqs],
             finished=all(seq.is_finished for seq in request.seqs),
             num_cached_tokens=first.num_cached_tokens,
+            prompt_logprobs=list(first.prompt_logprobs) if first.prompt_logprobs else None,
             metrics=RequestMetrics(first.arrival_time, first.first_token_time,
                                    first.finished_time))

@@ -16,10 +16,10 @@ import torch
 from atomk31.cache import KDAStatePool, MLACacheView
 from atomk31.distributed.parallel_context import ParallelContext
 from atomk31.engine.cuda_graphs import DecodeGraphs
-from atomk31.engine.sampler import Sampler
+from atomk31.engine.sampler import Sampler, token_logprobs
 from atomk31.engine.scheduler import ScheduledSequence
 from atomk31.engine.sequence import Sequence
-from atomk31.engine.step_batch import StepRequest, build_forward_batch
+from atomk31.engine.step_batch import StepRequest, build_forward_batch, prompt_logprob_positions
 from atomk31.model import ForwardBatch, K31Model
 from atomk31.ops import Kernels, OpTable
 
@@ -48,25 +48,50 @@ class ModelRunner:
         return self.model.forward(batch, self.kv_views, self.state_pool.conv,
                                   self.state_pool.recurrent, ops or self.kernels.eager)
 
-    def run(self, scheduled: list[ScheduledSequence]) -> list[tuple[ScheduledSequence, int, object]]:
-        """Run one step; -> (item, sampled token id, logprobs info) for each item whose last
-        token was computed this step (a finished prefill or a decode)."""
-        logits = self.graphs.run(scheduled) if self.graphs is not None else None
+    def run(self, scheduled: list[ScheduledSequence]) -> list[tuple[Sequence, int, object]]:
+        """Run one step; -> (sequence, sampled token id, logprobs info) for each sequence that
+        samples this step: those whose last token was computed (a finished prefill or a
+        decode), and the forks of a finished prefill, from the same logits row (n > 1).
+        Prompt logprobs asked for are written into each sequence as its prompt is computed."""
+        prompt_rows = _prompt_logprob_rows(scheduled)
+        logits = (self.graphs.run(scheduled)
+                  if self.graphs is not None and not prompt_rows else None)
         if logits is None:
             requests = self.step_requests(scheduled)
             if self.publish_step is not None:
                 self.publish_step(requests)
-            logits = self.forward(self.build(requests))
+            batch = self.build(requests)
+            logits = self.forward(batch)
+            if prompt_rows:   # their rows follow the sampling rows (build_forward_batch)
+                num_sampling = sum(request.is_last_chunk for request in requests)
+                self._record_prompt_logprobs(prompt_rows, logits[num_sampling:])
+                logits = logits[:num_sampling]
         sampling = [item for item in scheduled if item.is_last_chunk]
-        if not sampling:
+        seqs = [seq for item in sampling for seq in item.sampled_seqs]
+        if not seqs:
             return []
-        seqs = [item.seq for item in sampling]
+        if len(seqs) > len(sampling):   # forks sample from their parent's row
+            rows = [r for r, item in enumerate(sampling) for _ in item.sampled_seqs]
+            logits = logits[torch.tensor(rows, device=logits.device)]
         tokens, logprobs = self.sampler(logits, [s.sampling_params for s in seqs],
                                         [s.generator(self.device) for s in seqs],
                                         [self.suppressed_token_ids(s) for s in seqs])
         token_list = tokens.tolist()
-        return [(item, token_list[i], logprobs[i] if logprobs is not None else None)
-                for i, item in enumerate(sampling)]
+        return [(seq, token_list[i], logprobs[i] if logprobs is not None else None)
+                for i, seq in enumerate(seqs)]
+
+    def _record_prompt_logprobs(self, prompt_rows: list[tuple[Sequence, list[int]]],
+                                logits: torch.Tensor) -> None:
+        """logits [sum of rows, V]: row j predicts prompt token positions[j] of its sequence."""
+        start = 0
+        for seq, positions in prompt_rows:
+            rows = logits[start:start + len(positions)]
+            start += len(positions)
+            targets = [seq.all_token_ids[p] for p in positions]
+            entries = token_logprobs(rows, torch.tensor(targets, device=rows.device),
+                                     seq.sampling_params.prompt_logprobs)
+            for p, entry in zip(positions, entries):
+                seq.prompt_logprobs[p] = entry
 
     def prepare(self, scheduled: list[ScheduledSequence]) -> ForwardBatch:
         return self.build(self.step_requests(scheduled))
@@ -79,3 +104,16 @@ class ModelRunner:
         layout = self.parallel.layout
         return build_forward_batch(requests, self.block_size, self.device, layout.dcp_size,
                                    layout.dcp_rank)
+
+
+def _prompt_logprob_rows(scheduled: list[ScheduledSequence]
+                         ) -> list[tuple[Sequence, list[int]]]:
+    """Per item that wants prompt logprobs: (sequence, prompt positions p >= 1 whose logprob
+    this step can give). The logits of token p - 1 give token p's logprob; the last prompt
+    token's row is the sampling row. `StepRequest.of` asks for the same rows."""
+    rows = []
+    for item in scheduled:
+        positions = prompt_logprob_positions(item)
+        if positions:
+            rows.append((item.seq, positions))
+    return rows

@@ -38,13 +38,27 @@ class StepRequest:
     is_last_chunk: bool                  # its logits are wanted (it samples)
     # (m, slot): the KDA state after the first m tokens of this step goes to state slot `slot`
     snapshots: list[tuple[int, int]] = field(default_factory=list)
+    # offsets (within this step's tokens) whose logits are wanted for prompt logprobs: after
+    # every request's sampling row, in request order
+    prompt_logit_rows: list[int] = field(default_factory=list)
 
     @classmethod
     def of(cls, item: ScheduledSequence) -> "StepRequest":
         seq, start = item.seq, item.seq.num_computed_tokens
         return cls(seq.all_token_ids[start:start + item.num_new_tokens], start,
                    list(seq.block_table), seq.state_slot, item.is_last_chunk,
-                   [(m, slot) for m, slot, _ in item.snapshots])
+                   [(m, slot) for m, slot, _ in item.snapshots],
+                   [p - 1 - start for p in prompt_logprob_positions(item)])
+
+
+def prompt_logprob_positions(item: ScheduledSequence) -> list[int]:
+    """The prompt positions p >= 1 whose logprob this step of ``item`` can give (token p - 1
+    computed now, p < the last prompt token's sampling row), [] when none are asked for."""
+    seq, start = item.seq, item.seq.num_computed_tokens
+    if not seq.needs_prompt_logprobs:
+        return []
+    last = min(start + item.num_new_tokens, seq.num_prompt_tokens - 1)
+    return list(range(start + 1, last + 1))
 
 
 def slot_of(position: int, block_table: list[int], page_size: int, dcp_size: int = 1,
@@ -76,6 +90,8 @@ def build_forward_batch(requests: list[StepRequest], page_size: int, device: tor
         if request.is_last_chunk:
             logits_indices.append(cu_seqlens[-1] - 1)
         snapshots.extend((r, m, slot) for m, slot in request.snapshots)
+    logits_indices.extend(cu_seqlens[r] + row for r, request in enumerate(requests)
+                          for row in request.prompt_logit_rows)
     max_blocks = max(len(request.block_table) for request in requests)
     tables = [b for request in requests
               for b in request.block_table + [-1] * (max_blocks - len(request.block_table))]

@@ -2,21 +2,24 @@
 
 A step's message is its `StepRequest`s plus the changes the scheduler made to KDA state slots
 since the last step, in order: a slot zeroed when it was handed to a new request, a slot
-copied (a prefix-cache snapshot restored into a request's slot). Those happen on the first
-rank's pool as the scheduler decides; `MirroredStatePool` records them so that every rank
-repeats them on its own slice of the states before running the step (`apply_state_ops`).
-Everything else a rank's pools hold is written by the forward itself, identically on every
-rank. Blocks need no such care: which block holds what is only the scheduler's bookkeeping.
+copied (a prefix-cache snapshot restored into a request's slot), and a KV block copied (the
+partial last block of a prompt given to each fork of an n > 1 request). Those happen on the
+first rank's pools as the scheduler decides; `MirroredStatePool` records them so that every
+rank repeats them on its own slice of the states and its own pool before running the step
+(`apply_state_ops`). Everything else a rank's pools hold is written by the forward itself,
+identically on every rank.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from atomk31.cache import KDAStatePool
 from atomk31.engine.step_batch import StepRequest
 
-# ("zero", slot) | ("copy", src, dst)
+# ("zero", slot) | ("copy", src, dst) | ("copy_block", src, dst)
 StateOp = tuple
 
 
@@ -58,9 +61,12 @@ class MirroredStatePool(KDAStatePool):
         return ops
 
 
-def apply_state_ops(pool: KDAStatePool, ops: list[StateOp]) -> None:
-    """Repeat the first rank's slot changes on this rank's pool, in order."""
+def apply_state_ops(pool: KDAStatePool, ops: list[StateOp], kv_pool: torch.Tensor) -> None:
+    """Repeat the first rank's slot and block changes on this rank's pools, in order."""
     for op in ops:
+        if op[0] == "copy_block":
+            kv_pool[op[2]].copy_(kv_pool[op[1]])
+            continue
         if op[0] == "zero":
             pool.conv[:, op[1]].zero_()
             pool.recurrent[:, op[1]].zero_()

@@ -85,7 +85,7 @@ def serve_steps(options: EngineConfig, parallel: ParallelContext, device: torch.
             if not isinstance(message, StepMessage):
                 raise RuntimeError(f"rank {parallel.rank} got {type(message).__name__}, "
                                    "not a step: the ranks run different atomk31 versions?")
-            apply_state_ops(parts.state_pool, message.state_ops)
+            apply_state_ops(parts.state_pool, message.state_ops, parts.kv_pool)
             parts.runner.forward(parts.runner.build(message.requests))
     finally:
         leave_ranks()

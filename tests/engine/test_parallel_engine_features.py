@@ -91,3 +91,27 @@ def test_preemption_resumes_exactly_under_tp2(tiny_checkpoint, one_process, pool
         assert tokens(llm.generate(prompts_of((3, 50, 150)), GREEDY)) == one_process["chunked"]
         assert llm.engine.scheduler.num_preemptions > 0
         pools_free(llm)
+
+
+def test_forks_and_prompt_logprobs_under_tp2(tiny_checkpoint, pools_free):
+    """n > 1 copies the prompt's partial last block to each fork: every rank repeats the copy
+    on its own pool before the next step (a rank that skipped it would decode the forks from
+    stale rows). Prompt logprobs ask every rank for the same extra logits rows (the LM head is
+    vocabulary-parallel: one all-gather over all of them), over prefill chunks of 32."""
+    prompt = prompts_of((47,), seed=5)[0]          # 2 blocks of 16 and 15 tokens of a third
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, n=3,
+                            logprobs=1, prompt_logprobs=2)
+    options = dict(OPTIONS, max_num_batched_tokens=32, kv_cache_memory=64 << 20)
+    [expected] = LLM(tiny_checkpoint, **options).generate([prompt], params)
+    with LLM(tiny_checkpoint, tensor_parallel_size=2, **options) as llm:
+        [got] = llm.generate([prompt], params)
+        assert [c.token_ids for c in got.outputs] == [c.token_ids for c in expected.outputs]
+        decoded = [(g.logprob, e.logprob) for gc, ec in zip(got.outputs, expected.outputs)
+                   for g, e in zip(gc.logprobs, ec.logprobs)]
+        assert max(abs(g - e) for g, e in decoded) < 1e-4
+        assert len(got.outputs) == 3 and got.prompt_logprobs[0] is None
+        pairs = list(zip(got.prompt_logprobs[1:], expected.prompt_logprobs[1:]))
+        assert len(pairs) == 46
+        assert all(g.top_token_ids == e.top_token_ids for g, e in pairs)
+        assert max(abs(g.logprob - e.logprob) for g, e in pairs) < 1e-4
+        pools_free(llm)
