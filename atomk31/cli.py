@@ -80,6 +80,9 @@ def _build_parser() -> argparse.ArgumentParser:
               choices=["auto", "torch", "triton", "hopper", "amd"])
     _add_flag(gen, "reference", action="store_true",
               help="compute with the float32 reference model (the oracle) instead of the engine")
+    from atomk31.distributed.flags import add_parallel_arguments
+
+    add_parallel_arguments(gen)
 
     info = sub.add_parser("info", help="the platform and the kernel chosen for every op")
     from atomk31.info import add_info_arguments
@@ -107,12 +110,19 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.reference:
         outputs = _generate_with_reference(model_dir, prompts, args.max_tokens)
     else:
+        from atomk31.distributed.flags import parallel_options
+        from atomk31.engine.worker import run_torchrun_worker_if_not_first
+
+        options = dict(block_size=args.block_size, kernel_backend=args.kernel_backend,
+                       **parallel_options(args))
+        if run_torchrun_worker_if_not_first(str(model_dir), options):
+            return 0
         from atomk31 import LLM, SamplingParams
 
-        llm = LLM(model_dir, block_size=args.block_size, kernel_backend=args.kernel_backend)
-        params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
-        outputs = [(o.prompt_token_ids, o.outputs[0].token_ids, o.outputs[0].text)
-                   for o in llm.generate(prompts, params)]
+        with LLM(model_dir, **options) as llm:
+            params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+            outputs = [(o.prompt_token_ids, o.outputs[0].token_ids, o.outputs[0].text)
+                       for o in llm.generate(prompts, params)]
     for prompt, (prompt_ids, new_ids, text) in zip(prompts, outputs):
         print(f"prompt: {prompt!r} ({len(prompt_ids)} tokens)")
         print(f"output: {text!r}")

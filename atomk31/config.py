@@ -229,9 +229,22 @@ class EngineConfig:
     # DSpark speculative decoding (speculative_config.py): {"model": DIR | "builtin",
     # "num_speculative_tokens": N, "method": "dspark", "draft_sample_method": ...}; None = off
     speculative_config: dict | None = None
+    # Several devices (atomk31/distributed/): ranks = tensor_parallel_size, one per device.
+    # TP splits the MLA and KDA heads, the dense MLP and shared experts, and the LM head's
+    # vocabulary; expert parallelism partitions the routed experts over the same ranks instead
+    # of splitting each expert; DCP (a divisor of TP, vLLM's rule) shards each request's
+    # latent rows and index keys over groups of that many ranks.
+    tensor_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    decode_context_parallel_size: int = 1
+    # prefill steps of at least this many tokens run MLA attention token-sharded under TP
+    # (atomk31/model/mla_sharding.py); shorter ones head-sharded
+    token_sharded_prefill_min_tokens: int = 16384
+    distributed_timeout_s: float = 600.0   # longest wait of one collective before it fails
 
     def __post_init__(self) -> None:
         problems: list[str] = []
+        problems += parallel_option_problems(self)
         bs = self.block_size
         if not isinstance(bs, int) or bs < 1 or bs & (bs - 1):
             problems.append(f"block_size must be a power of two, got {bs}; pass --block-size 64 "
@@ -304,6 +317,46 @@ class EngineConfig:
                                                      max_len)
         return ResolvedEngineConfig(self, device, compute, latent, index, fp8_variant, max_len,
                                     speculative)
+
+
+def parallel_option_problems(options: "EngineConfig") -> list[str]:
+    """The parallel flags on their own (the model's sizes are checked against them by
+    atomk31.distributed.layout.parallel_problems)."""
+    problems = []
+    tp, dcp = options.tensor_parallel_size, options.decode_context_parallel_size
+    if not isinstance(tp, int) or tp < 1:
+        problems.append(f"tensor_parallel_size must be an integer >= 1, got {tp!r}")
+    elif not isinstance(dcp, int) or dcp < 1 or tp % dcp:
+        problems.append(f"decode_context_parallel_size must divide tensor_parallel_size ({tp}): "
+                        f"DCP groups are made of TP ranks; got {dcp!r}; pass e.g. "
+                        f"--decode-context-parallel-size {tp}")
+    if options.token_sharded_prefill_min_tokens < 1:
+        problems.append("token_sharded_prefill_min_tokens must be >= 1, got "
+                        f"{options.token_sharded_prefill_min_tokens}")
+    if not options.distributed_timeout_s > 0:
+        problems.append(f"distributed_timeout_s must be > 0, got {options.distributed_timeout_s}")
+    if options.speculative_config is not None and tp != 1:
+        problems.append("speculative decoding (speculative_config) runs on one device for now: "
+                        f"tensor_parallel_size must be 1, got {tp}; drop one of the two")
+    return problems
+
+
+@dataclass(frozen=True)
+class TorchrunRank:
+    """The rank torchrun started this process as (its environment variables, read here once)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+
+
+def torchrun_rank() -> TorchrunRank | None:
+    """This process's torchrun rank, or None outside torchrun (no RANK / WORLD_SIZE set).
+    torch.distributed's ``env://`` rendezvous reads MASTER_ADDR / MASTER_PORT itself."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    return TorchrunRank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+                        int(os.environ.get("LOCAL_RANK", "0")))
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,9 @@ def add_info_arguments(parser: argparse.ArgumentParser, add_flag) -> None:
     add_flag(parser, "target", default=None,
              help=f"print the tables of another target instead of this device's: one of "
                   f"{', '.join(NAMED_TARGETS)} (or any sm<NN> / gfx<NNN>)")
+    from atomk31.info_parallel import add_parallel_plan_arguments
+
+    add_parallel_plan_arguments(parser, add_flag)
 
 
 def run_info(args: argparse.Namespace) -> int:
@@ -69,6 +72,10 @@ def run_info(args: argparse.Namespace) -> int:
     why_eager = why_no_decode_graphs(kernels, enforce_eager=False, ops_called=RELEASE_OPS)
     print("decode steps: " + ("replayed from CUDA graphs (--enforce-eager: eager)"
                               if why_eager is None else f"eager ({why_eager})"))
+    if args.model is not None:
+        from atomk31.info_parallel import print_parallel_plan
+
+        return print_parallel_plan(args, None if args.target is not None else device)
     return 0
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from atomk31.config import (
     DTYPES, INDEX_CACHE_DTYPES, KERNEL_BACKENDS, KV_CACHE_DTYPES, ConfigError, EngineConfig,
 )
+from atomk31.distributed.flags import add_parallel_arguments, parallel_options
 from server.limits import ServerLimits
 
 logger = logging.getLogger(__name__)
@@ -168,6 +169,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         action="store_true", default=DEFAULTS.enforce_eager,
                         help="run decode steps eagerly, never from CUDA graphs (debugging, "
                              "profiling)")
+    add_parallel_arguments(parser)
     add_limit_arguments(parser)
     add_vllm_compatible_arguments(parser)
 
@@ -185,7 +187,8 @@ def engine_config_from_args(args: argparse.Namespace, model: str) -> EngineConfi
         kda_snapshot_interval=args.kda_snapshot_interval,
         enforce_eager=args.enforce_eager,
         online_quant_config=_json_object(args.online_quant_config, "--online-quant-config"),
-        speculative_config=_json_object(args.speculative_config, "--speculative-config"))
+        speculative_config=_json_object(args.speculative_config, "--speculative-config"),
+        **parallel_options(args))
 
 
 def _json_object(value: str | None, flag: str) -> dict | None:
@@ -207,12 +210,16 @@ def _json_object(value: str | None, flag: str) -> dict | None:
 
 def serve(args: argparse.Namespace, default_model: Callable[[], Path] | None = None) -> int:
     """Run the server until interrupted; -> the process exit code (2: bad flags, 1: the
-    engine failed to start). ``default_model()``: the built-in checkpoint's directory, for
-    when no --model is given (cli.py owns where it lives); without it --model is required."""
+    engine failed to start or stopped: see server/engine_watchdog.py). ``default_model()``: the
+    built-in checkpoint's directory, for when no --model is given (cli.py owns where it lives);
+    without it --model is required. Under torchrun, ranks other than 0 serve no HTTP: they
+    run the engine's steps."""
     # Imported here, as cli.py does, so that building the CLI parser stays light (no torch).
     import uvicorn
 
+    from atomk31.config import torchrun_rank
     from server.app import create_app
+    from server.engine_watchdog import EngineWatchdog
 
     if args.model is None and default_model is None:
         logger.error("no --model given; pass a checkpoint directory")
@@ -232,6 +239,11 @@ def serve(args: argparse.Namespace, default_model: Callable[[], Path] | None = N
     except ConfigError as exc:
         logger.error("%s", exc)
         return 2
+    launched = torchrun_rank()
+    if launched is not None and launched.rank != 0:
+        from atomk31.engine.worker import run_torchrun_worker
+
+        return run_torchrun_worker(options, launched)
     ignored = ignored_vllm_flags(args)
     if ignored:
         logger.info("accepted for vLLM compatibility and ignored: %s", ", ".join(ignored))
@@ -239,8 +251,13 @@ def serve(args: argparse.Namespace, default_model: Callable[[], Path] | None = N
     # log_config=None: keep the process's logging set-up (cli.py's) instead of uvicorn's own.
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                                            timeout_graceful_shutdown=5))
+    watchdog = EngineWatchdog(server, app)
+    watchdog.start()
     try:
         server.run()
     except KeyboardInterrupt:   # uvicorn re-raises Ctrl-C once its graceful shutdown is done
         logger.info("stopped")
+    if watchdog.failure is not None:
+        logger.error("exiting: the engine stopped: %s", watchdog.failure)
+        return 1
     return 0 if server.started else 1

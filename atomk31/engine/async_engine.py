@@ -19,6 +19,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from atomk31.config import EngineConfig
+from atomk31.distributed.parallel_context import RankFailure
 from atomk31.engine.llm_engine import LLMEngine
 from atomk31.engine.outputs import RequestOutput
 from atomk31.engine.sampling_params import SamplingParams
@@ -128,6 +129,12 @@ class AsyncEngine:
         self._stopped.set()
         self._commands.put(("stop",))
         self._thread.join(timeout=30)
+        self.engine.shutdown()       # the other ranks, if any
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the engine thread stopped (None while it runs or after a clean shutdown)."""
+        return self._error
 
     # -- the engine thread --------------------------------------------------------------
     def _loop(self) -> None:
@@ -136,8 +143,13 @@ class AsyncEngine:
                 self._apply_commands(block=not self.engine.has_unfinished_requests())
                 if self.engine.has_unfinished_requests():
                     self._step()
+                else:
+                    self.engine.keepalive()      # several ranks: heartbeat, dead-rank check
         except BaseException as exc:  # the thread must not die silently
-            logger.exception("engine loop failed")
+            if isinstance(exc, RankFailure):
+                logger.error("engine stopped: %s", exc)
+            else:
+                logger.exception("engine loop failed")
             self._error = exc
             for request_id in list(self._streams):
                 self._publish(request_id, EngineDeadError(f"the engine stopped: {exc!r}"))
@@ -147,6 +159,8 @@ class AsyncEngine:
         streams get the error, their blocks and slots are freed) and the engine goes on."""
         try:
             outputs = self.engine.step()
+        except RankFailure:
+            raise                    # another rank is gone: the engine loop stops
         except Exception as exc:
             logger.exception("engine step failed; failing the requests in flight")
             for request_id in list(self.engine.requests):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from atomk31.cache import MLACacheView
-from atomk31.engine.model_runner import upload
+from atomk31.engine.step_batch import upload
 from atomk31.engine.sampler import filtered_logits
 from atomk31.engine.scheduler import ScheduledSequence
 from atomk31.model.dspark import DraftBatch, DSparkDraft

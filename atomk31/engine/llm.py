@@ -19,6 +19,8 @@ class LLM:
     `dtype="auto"` means float32 compute and cache on CPU, BF16 compute and an FP8 cache on GPU.
     `speculative_config`: DSpark speculative decoding, e.g. `{"model": DRAFT_DIR,
     "num_speculative_tokens": 5}` (atomk31/speculative_config.py).
+    With ``tensor_parallel_size=N`` it starts N-1 more ranks on this node (one process per
+    device) and stops them at `shutdown()` (or on leaving a ``with`` block).
     """
 
     def __init__(self, model: str | os.PathLike, *, block_size: int = 128,
@@ -30,7 +32,11 @@ class LLM:
                  kv_cache_memory: int | None = None, snapshot_fraction: float = 0.1,
                  kda_snapshot_interval: int = 2048,
                  online_quant_config: dict | None = None, seed: int = 0,
-                 enforce_eager: bool = False, speculative_config: dict | None = None):
+                 enforce_eager: bool = False, speculative_config: dict | None = None,
+                 tensor_parallel_size: int = 1,
+                 enable_expert_parallel: bool = False, decode_context_parallel_size: int = 1,
+                 token_sharded_prefill_min_tokens: int = 16384,
+                 distributed_timeout_s: float = 600.0):
         options = EngineConfig(
             model=str(model), block_size=block_size, kernel_backend=kernel_backend, dtype=dtype,
             max_model_len=max_model_len, max_num_seqs=max_num_seqs,
@@ -40,8 +46,23 @@ class LLM:
             gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory=kv_cache_memory,
             snapshot_fraction=snapshot_fraction, kda_snapshot_interval=kda_snapshot_interval,
             online_quant_config=online_quant_config,
-            seed=seed, enforce_eager=enforce_eager, speculative_config=speculative_config)
+            seed=seed, enforce_eager=enforce_eager, speculative_config=speculative_config,
+            tensor_parallel_size=tensor_parallel_size,
+            enable_expert_parallel=enable_expert_parallel,
+            decode_context_parallel_size=decode_context_parallel_size,
+            token_sharded_prefill_min_tokens=token_sharded_prefill_min_tokens,
+            distributed_timeout_s=distributed_timeout_s)
         self.engine = LLMEngine(options)
+
+    def shutdown(self) -> None:
+        """Stop the ranks this LLM started (tensor_parallel_size > 1); nothing otherwise."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
 
     @property
     def tokenizer(self):

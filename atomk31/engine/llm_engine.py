@@ -1,8 +1,10 @@
 """LLMEngine: the loop that admits requests, runs steps and returns outputs.
 
-Build order at start-up: config -> device choices -> checkpoint -> ops table -> model ->
-memory plan -> cache pools -> scheduler and runner. Every later step is
-`schedule -> run -> append tokens and check stops -> release finished sequences`.
+Build order at start-up: config -> (several devices: start or join the other ranks,
+``first_rank.py``) -> device choices -> ops table -> model shard -> memory plan -> cache pools
+(``rank.py``: the same on every rank) -> scheduler and runner. Every later step is
+`schedule -> run -> append tokens and check stops -> release finished sequences`; under
+several ranks `run` first sends the step to the others. `shutdown()` stops them.
 """
 
 from __future__ import annotations
@@ -15,30 +17,25 @@ from pathlib import Path
 
 import torch
 
-from atomk31.cache import (
-    BlockPool, CacheLayoutSpec, KDAStatePool, KDAStateSpec, PackedLayout, SnapshotIndex,
-    plan_cache,
-)
-from atomk31.checkpoint import Tokenizer, load_checkpoint
+from atomk31.cache import BlockPool, SnapshotIndex
+from atomk31.checkpoint import Tokenizer
 from atomk31.config import EngineConfig, ModelConfig, ResolvedEngineConfig
-from atomk31.engine.cuda_graphs import GRAPH_BATCH_SIZES, DecodeGraphs, why_no_decode_graphs
+from atomk31.distributed.layout import check_parallel
+from atomk31.distributed.parallel_context import ParallelContext, RankFailure
+from atomk31.engine.cuda_graphs import GRAPH_BATCH_SIZES, DecodeGraphs
 from atomk31.engine.dspark_proposer import DSparkProposer
-from atomk31.engine.model_runner import ModelRunner
+from atomk31.engine.first_rank import RankLink
 from atomk31.engine.outputs import RequestMetrics, RequestOutput
+from atomk31.engine.rank import build_rank
 from atomk31.engine.sampling_params import SamplingParams
 from atomk31.engine.scheduler import Scheduler
 from atomk31.engine.sequence import Sequence, SequenceStatus
 from atomk31.engine.spec_stats import SpeculationStats
+from atomk31.engine.speculative import DraftPolicy, SpeculativeRunner, StepTokens
 from atomk31.engine.speculative_graphs import SpeculativeGraphs
-from atomk31.engine.speculative import DraftPolicy, SpeculativeRunner, StepTokens, load_draft
 from atomk31.engine.stop_checker import StopChecker
-from atomk31.model import K31Model
-from atomk31.ops import KernelContext, Target, select_kernels
-from atomk31.quant.ptpc import quantize_linears_ptpc
 
 logger = logging.getLogger(__name__)
-
-CPU_CACHE_BYTES = 512 << 20   # cache budget on CPU when --kv-cache-memory is not given
 
 
 class PromptTooLongError(ValueError):
@@ -52,99 +49,64 @@ class _Request:
     seqs: list[Sequence]
 
 
-def kernel_context(target: Target, config: ResolvedEngineConfig,
-                   block_size: int) -> KernelContext:
-    """What kernels are chosen against: the device's target and the engine's fixed formats."""
-    return KernelContext(target, config.compute_dtype, config.latent_cache_dtype,
-                         config.index_cache_format, block_size)
-
-
 class LLMEngine:
     def __init__(self, options: EngineConfig):
-        device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model_config = ModelConfig.from_pretrained(options.model)
-        self.config: ResolvedEngineConfig = options.resolve(self.model_config, device)
-        self.device = device
-        self.tokenizer = Tokenizer.from_pretrained(options.model)
-        self.kernels = select_kernels(options.kernel_backend, kernel_context(
-            Target.of_device(device), self.config, options.block_size))
-        for step, table in (("eager", self.kernels.eager), ("graph", self.kernels.graph)):
-            for op, shape, target, kernel, passed_over in table.describe():
-                logger.debug("%s %s [%s] -> %s %s (%s)", step, op, shape, target, kernel,
-                             passed_over)
-        # straight onto the device: the bytes are read as the progress bar counts them (a
-        # CPU load of mmapped files reads them only when first touched), no host-memory copy
-        # of the checkpoint, and the online PTPC quantizer then runs on the GPU
-        tensors = load_checkpoint(options.model, self.model_config, device=device)
-        if options.online_quant_config is not None:
-            tensors = quantize_linears_ptpc(tensors, options.online_quant_config,
-                                            self.config.fp8_variant)
-        self.model = K31Model(self.model_config, tensors, self.config.compute_dtype, device,
-                              self.config.index_cache_format, self.config.fp8_variant)
-        self.stop_checker = StopChecker(self.tokenizer, self._eos_token_ids(options.model))
-        self.speculative: SpeculativeRunner | None = None
-        self.draft = None
-        if self.config.speculative is not None:
-            self.draft = load_draft(self.config.speculative, self.model, self.config.compute_dtype,
-                                    device)
-        self._build_cache(options)
+        self.link: RankLink | None = None
+        if options.tensor_parallel_size > 1:
+            check_parallel(self.model_config, options.tensor_parallel_size,
+                           options.decode_context_parallel_size, options.enable_expert_parallel)
+            self.link = RankLink.start(options)
+            self.parallel, device = self.link.parallel, self.link.device
+        else:
+            self.parallel = ParallelContext.single()
+            device = torch.device(options.device or ("cuda" if torch.cuda.is_available()
+                                                     else "cpu"))
+        try:
+            self._build(options, device)
+        except BaseException:
+            self.shutdown()
+            raise
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
 
     # -- start-up -----------------------------------------------------------------------
-    def _build_cache(self, options: EngineConfig) -> None:
-        mc, rc, spec = self.model_config, self.config, self.config.speculative
-        num_mla = len(mc.mla_layer_ids)
-        layout = PackedLayout(CacheLayoutSpec(
-            block_size=options.block_size, num_mla_layers=num_mla,
-            num_draft_layers=spec.draft.num_hidden_layers if spec else 0,
-            latent_dim=mc.latent_dim, latent_dtype=rc.latent_cache_dtype,
-            index_format=rc.index_cache_format if mc.has_indexer else None,
-            fp8_variant=rc.fp8_variant))
-        state_spec = KDAStateSpec(
-            num_kda_layers=len(mc.kda_layer_ids), num_heads=mc.kda_num_heads,
-            head_dim=mc.kda_head_dim, conv_width=mc.short_conv_kernel_size,
-            conv_channels=mc.kda_num_heads * mc.kda_head_dim,
-            # the conv history is BF16 in the engine (§4.4); float32 compute keeps it exact
-            conv_dtype=rc.compute_dtype)
-        # CUDA-graph decode (engine/cuda_graphs.py) needs a scratch block and two KDA state
-        # slots (padding rows; the first replay's check), outside the pools, paid from the budget
-        ops_called = self.model.ops_called | (set(self.draft.OPS) if self.draft else set())
-        self.why_eager = why_no_decode_graphs(self.kernels, options.enforce_eager, ops_called)
-        graphs = self.why_eager is None
-        scratch_bytes = layout.row_bytes + 2 * state_spec.bytes_per_slot() if graphs else 0
-        slots_per_request = 1 + (spec.num_speculative_tokens if spec else 0)   # §5.7
-        plan = plan_cache(self._cache_budget(options) - scratch_bytes, layout, state_spec,
-                          options.max_num_seqs, rc.max_model_len, options.snapshot_fraction,
-                          slots_per_request)
-        logger.info("cache: %d blocks of %d tokens, %d state slots, %d snapshot slots",
-                    plan.num_blocks, options.block_size, plan.num_state_slots,
-                    plan.num_snapshot_slots)
-        self.kv_pool = layout.allocate(plan.num_blocks + int(graphs), self.device)
-        kv_views = [layout.layer_view(self.kv_pool, i) for i in range(num_mla)]
-        self.state_pool = KDAStatePool(state_spec, plan.num_state_slots + plan.num_snapshot_slots,
-                                       self.device, num_scratch_slots=2 * int(graphs))
-        self.block_pool = BlockPool(plan.num_blocks, options.block_size,
+    def _build(self, options: EngineConfig, device: torch.device) -> None:
+        self.config: ResolvedEngineConfig = options.resolve(self.model_config, device)
+        self.device = device
+        self.tokenizer = Tokenizer.from_pretrained(options.model)
+        self.stop_checker = StopChecker(self.tokenizer, self._eos_token_ids(options.model))
+        parts = build_rank(options, self.model_config, self.config, device, self.parallel,
+                           self.stop_checker.suppressed_token_ids)
+        self.kernels, self.model, self.runner = parts.kernels, parts.model, parts.runner
+        self.kv_pool, self.state_pool, self.why_eager = (parts.kv_pool, parts.state_pool,
+                                                         parts.why_eager)
+        self.draft, self.speculative = parts.draft, None
+        plan, mc, rc, spec = parts.plan, self.model_config, self.config, self.config.speculative
+        dcp = self.parallel.layout.dcp_size
+        self.block_pool = BlockPool(plan.num_blocks, options.block_size * dcp,
                                     options.enable_prefix_caching)
         self.snapshots = SnapshotIndex(self.state_pool, plan.num_snapshot_slots
                                        if options.enable_prefix_caching else 0)
+        interval = options.kda_snapshot_interval    # tokens; the scheduler counts its blocks
         self.scheduler = Scheduler(self.block_pool, self.state_pool, self.snapshots,
                                    options.max_num_seqs, options.max_num_batched_tokens,
-                                   options.kda_snapshot_interval // options.block_size,
-                                   copy_block=self._copy_block,
+                                   max(1, interval // self.block_pool.block_size)
+                                   if interval else 0, copy_block=self._copy_block,
                                    num_drafts=DraftPolicy(spec.num_speculative_tokens,
                                                           rc.max_model_len) if spec else None,
-                                   num_extra_state_slots=slots_per_request - 1)
-        self.runner = ModelRunner(self.model, self.kernels, kv_views, self.state_pool,
-                                  options.block_size, self.device,
-                                  self.stop_checker.suppressed_token_ids)
+                                   num_extra_state_slots=parts.state_slots_per_request - 1)
+        if self.link is not None:
+            self.runner.publish_step = lambda requests: self.link.publish(
+                requests, self.state_pool.drain())
+        graphs = self.why_eager is None
         graph_shapes = dict(
             block_size=options.block_size, max_batch=min(options.max_num_seqs,
                                                          GRAPH_BATCH_SIZES[-1]),
             max_context=rc.max_model_len, split_points=[mc.index_topk] if mc.has_indexer else [],
             scratch_block=plan.num_blocks, device=self.device, copy_state=self.state_pool.copy)
         if spec:
-            self._build_speculative(options, layout, num_mla, graphs, graph_shapes)
+            self._build_speculative(options, parts.layout, graphs, graph_shapes)
         elif graphs:
             self.runner.graphs = DecodeGraphs(
                 self.runner.forward, self.kernels, scratch_slot=self.state_pool.scratch_slot(0),
@@ -152,14 +114,11 @@ class LLMEngine:
         if not graphs:
             logger.info("decode steps run eagerly: %s", self.why_eager)
 
-    def _copy_block(self, src: int, dst: int) -> None:
-        """One block's row of the packed pool (every MLA layer's pages) into another."""
-        self.kv_pool[dst].copy_(self.kv_pool[src])
-
-    def _build_speculative(self, options: EngineConfig, layout: PackedLayout, num_mla: int,
-                           graphs: bool, graph_shapes: dict) -> None:
+    def _build_speculative(self, options: EngineConfig, layout, graphs: bool,
+                           graph_shapes: dict) -> None:
         """The draft's pages, the speculative runner and (on a GPU) its graphs."""
         spec = self.config.speculative
+        num_mla = len(self.model_config.mla_layer_ids)
         draft_views = [layout.layer_view(self.kv_pool, num_mla + i)
                        for i in range(spec.draft.num_hidden_layers)]
         self.speculative = SpeculativeRunner(
@@ -175,14 +134,23 @@ class LLMEngine:
                 backup_slot=self.state_pool.scratch_slot(1),
                 mask_token_id=spec.draft.mask_token_id, **graph_shapes)
 
-    def _cache_budget(self, options: EngineConfig) -> int:
-        if options.kv_cache_memory is not None:
-            return options.kv_cache_memory
-        if self.device.type == "cpu":
-            return CPU_CACHE_BYTES
-        free, _ = torch.cuda.mem_get_info(self.device)
-        total = torch.cuda.get_device_properties(self.device).total_memory
-        return int(free - (1 - options.gpu_memory_utilization) * total)
+    def shutdown(self) -> None:
+        """Stop the other ranks (a single-device engine has nothing to stop)."""
+        if self.link is not None:
+            self.link.shutdown()
+
+    def keepalive(self) -> None:
+        """Call while idle: keeps the other ranks' waits short and notices a dead rank
+        (raises RankFailure)."""
+        if self.link is not None:
+            self.link.keepalive()
+
+    def _copy_block(self, src: int, dst: int) -> None:
+        """One block's row of the packed pool (every MLA layer's pages) into another; under
+        several ranks each repeats it on its own pool before the next step."""
+        self.kv_pool[dst].copy_(self.kv_pool[src])
+        if self.link is not None:
+            self.state_pool.pending.append(("copy_block", src, dst))
 
     def _eos_token_ids(self, model_dir: str) -> set[int]:
         """The tokenizer's `[EOS]` plus generation_config.json's eos ids (`<|end_of_msg|>`,
@@ -259,11 +227,7 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return []
-        if self.speculative is not None:
-            emitted = self.speculative.run(scheduled)
-        else:
-            emitted = [StepTokens(seq, [token], [logprobs])
-                       for seq, token, logprobs in self.runner.run(scheduled)]
+        emitted = self._run(scheduled)
         # n > 1: prefills that just ended; their other completions continue from this prompt
         forking = [item.seq for item in scheduled if item.seq.forks and item.is_last_chunk]
         touched: dict[str, _Request] = {}
@@ -291,6 +255,22 @@ class LLMEngine:
             if out.finished:
                 del self.requests[out.request_id]
         return outputs
+
+    def _run(self, scheduled: list) -> list[StepTokens]:
+        if self.speculative is not None:        # one rank only (config_checks.py)
+            return self.speculative.run(scheduled)
+        if self.link is None:
+            return self._plain(scheduled)
+        try:
+            return self._plain(scheduled)
+        except RankFailure:
+            raise
+        except Exception as error:   # the ranks may now wait in different collectives
+            raise self.link.fail("a step failed", error) from error
+
+    def _plain(self, scheduled: list) -> list[StepTokens]:
+        return [StepTokens(seq, [token], [logprobs])
+                for seq, token, logprobs in self.runner.run(scheduled)]
 
     def _output(self, request: _Request) -> RequestOutput:
         first = request.seqs[0]

@@ -74,7 +74,7 @@ def load_draft(config: SpeculativeConfig, target: K31Model, dtype: torch.dtype,
     """The draft of `config`, checked and loaded onto `device`, sharing the target's
     embedding and LM head (§5.2)."""
     tensors = load_draft_checkpoint(config.model, config.draft, device)
-    return DSparkDraft(config.draft, tensors, target.embed, target.lm_head, dtype, device)
+    return DSparkDraft(config.draft, tensors, target.embed, target.lm_head.weight, dtype, device)
 
 
 class DraftPolicy:

@@ -41,3 +41,26 @@ class ForwardBatch:
     @property
     def num_requests(self) -> int:
         return self.cu_seqlens.numel() - 1
+
+
+@dataclass
+class AttentionRows:
+    """Query rows for one attention call: a whole batch, or a subset of its tokens (token-
+    sharded prefill), with what the attention ops need about them."""
+
+    request: torch.Tensor            # int32 [n] request of each row
+    position: torch.Tensor           # int64 [n] its last key position (absolute, in this cache)
+    block_tables: torch.Tensor       # int32 [N, max_blocks]
+    block_size: int
+    max_position: int                # >= max(position), on the host
+    rows_per_request: int = 1        # dense_mla's hint (ForwardBatch.rows_per_request)
+
+    @classmethod
+    def of_batch(cls, batch: ForwardBatch) -> "AttentionRows":
+        return cls(batch.token_request, batch.positions, batch.block_tables, batch.block_size,
+                   batch.max_position, batch.rows_per_request)
+
+    def subset(self, index: torch.Tensor) -> "AttentionRows":
+        """The rows ``index`` (their runs per request unknown: hint 1)."""
+        return AttentionRows(self.request[index], self.position[index], self.block_tables,
+                             self.block_size, self.max_position)

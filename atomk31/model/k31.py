@@ -5,6 +5,11 @@ that mixes prefill chunks and decodes with the kernels of ``ops`` (the engine's 
 its graph table when the step is captured), and returns float32 logits for the tokens in
 `batch.logits_indices` only. AttnRes is per token, so no cross-token state exists beyond the
 caches: the depth blocks of a step live for that step alone.
+
+Under tensor parallelism (``parallel``: ``distributed/parallel_context.py``) every rank builds
+this model from its own slices of the checkpoint and runs the same forward; the embedding,
+norms and AttnRes sites are replicated, the LM head is vocabulary-parallel and only the first
+rank receives the logits.
 """
 
 from __future__ import annotations
@@ -12,11 +17,14 @@ from __future__ import annotations
 import torch
 
 from atomk31.cache import MLACacheView
+from atomk31.checkpoint.slices import CheckpointSlices
 from atomk31.config import ModelConfig
+from atomk31.distributed.parallel_context import ParallelContext
 from atomk31.model.batch import ForwardBatch
 from atomk31.model.ffn import DenseMLP, LatentMoE
 from atomk31.model.kda_layer import KDAMixer
 from atomk31.model.mla_layer import MLAMixer
+from atomk31.model.parallel_linear import VocabParallelLMHead
 from atomk31.model.weights import MODEL_PREFIX, TEXT_PREFIX, WeightSource
 from atomk31.ops import OpTable
 
@@ -41,7 +49,7 @@ class AttnResSite:
 class DecoderLayer:
     def __init__(self, config: ModelConfig, weights: WeightSource, layer: int,
                  mla_index: int | None, kda_index: int | None, index_format: str,
-                 fp8_variant: str):
+                 fp8_variant: str, parallel: ParallelContext):
         p = f"{MODEL_PREFIX}layers.{layer}."
         eps = config.rms_norm_eps
         self.layer = layer
@@ -53,11 +61,12 @@ class DecoderLayer:
         self.mla_index = mla_index
         self.kda_index = kda_index
         if mla_index is not None:
-            self.mixer = MLAMixer(config, weights, p, index_format, fp8_variant)
+            self.mixer = MLAMixer(config, weights, p, index_format, fp8_variant, parallel)
         else:
-            self.mixer = KDAMixer(config, weights, p, kda_index)
-        self.ffn = (LatentMoE(config, weights, p) if config.is_moe_layer(layer)
-                    else DenseMLP(config, weights, p + "mlp."))
+            self.mixer = KDAMixer(config, weights, p, kda_index, parallel)
+        self.ffn = (LatentMoE(config, weights, p, parallel) if config.is_moe_layer(layer)
+                    else DenseMLP(config, weights, p + "mlp.", config.intermediate_size,
+                                  parallel))
 
     @property
     def ops_called(self) -> tuple[str, ...]:
@@ -66,11 +75,17 @@ class DecoderLayer:
 
 
 class K31Model:
-    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor],
+    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor] | CheckpointSlices,
                  dtype: torch.dtype, device: torch.device, index_format: str = "fp8",
-                 fp8_variant: str = "e4m3fn"):
-        weights = WeightSource(tensors, dtype, device)
+                 fp8_variant: str = "e4m3fn", parallel: ParallelContext | None = None,
+                 online_quant_config: dict | None = None):
+        """``tensors``: loaded tensors, or a CheckpointSlices that reads this rank's slices as
+        they are taken; ``online_quant_config``: PTPC-quantize eligible linears as they are
+        taken (§6.5)."""
+        parallel = parallel or ParallelContext.single()
+        weights = WeightSource(tensors, dtype, device, online_quant_config, fp8_variant)
         self.config = config
+        self.parallel = parallel
         self.dtype = dtype
         self.embed = weights.take(MODEL_PREFIX + "embed_tokens.weight")
         mla_ids, kda_ids = list(config.mla_layer_ids), list(config.kda_layer_ids)
@@ -78,12 +93,14 @@ class K31Model:
             DecoderLayer(config, weights, layer,
                          mla_ids.index(layer) if layer in mla_ids else None,
                          kda_ids.index(layer) if layer in kda_ids else None,
-                         index_format, fp8_variant)
+                         index_format, fp8_variant, parallel)
             for layer in range(config.num_hidden_layers)
         ]
         self.output_site = AttnResSite(weights, MODEL_PREFIX + "output_attn_res",
                                        MODEL_PREFIX + "norm.weight", config.rms_norm_eps)
-        self.lm_head = weights.take(TEXT_PREFIX + "lm_head.weight")
+        self.lm_head = VocabParallelLMHead(weights, TEXT_PREFIX + "lm_head.weight",
+                                           *parallel.layout.tp_range(config.vocab_size),
+                                           parallel.tp)
         leftover = sorted(weights.tensors)
         if leftover:
             raise ValueError(f"checkpoint tensors not used by the model: {leftover[:8]}"
@@ -133,7 +150,7 @@ class K31Model:
         rows = batch.logits_indices
         h = self.output_site([b[rows] for b in blocks], prefix[rows], ops)
         aux = torch.cat([taps[i] for i in tap_layer_ids], dim=-1) if tap_layer_ids else None
-        return (h @ self.lm_head.T).float(), aux
+        return self.lm_head(h), aux
 
 
 def _add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -9,14 +9,22 @@ also writes the prefix snapshots the batch asks for (the state after the first m
 request in this step) into their own slots. A speculative verify batch (`verify_rows`: the same
 rows for every request, a state kept after each) runs `kda_verify`, which returns the state
 after every row, and scatters those into the slots the batch names (MODEL_SPEC §5.7).
+
+Tensor parallel: a rank holds the heads of its TP share (``layout.tp_range``): their rows of
+q/k/v/f_b/b/g and of the conv weights and per-head vectors, their columns of o_proj (one
+all-reduce at the output), and their slice of every request's state. f_a (rank 128) and
+o_norm (shared by all heads) are replicated.
 """
 
 from __future__ import annotations
 
 import torch
 
+from atomk31.checkpoint.slices import Shard
 from atomk31.config import ModelConfig
+from atomk31.distributed.parallel_context import ParallelContext
 from atomk31.model.batch import ForwardBatch
+from atomk31.model.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from atomk31.model.weights import WeightSource
 from atomk31.ops import OpTable
 
@@ -25,27 +33,32 @@ class KDAMixer:
     OPS = ("short_conv_silu", "conv_state_after", "kda_gate", "kda_decode", "kda_prefill",
            "kda_verify", "gated_rms_norm", "ptpc_linear")
 
-    def __init__(self, config: ModelConfig, weights: WeightSource, prefix: str, kda_index: int):
+    def __init__(self, config: ModelConfig, weights: WeightSource, prefix: str, kda_index: int,
+                 parallel: ParallelContext | None = None):
         a = prefix + "self_attn."
+        parallel = parallel or ParallelContext.single()
         self.kda_index = kda_index        # this layer's row in the state pool's tensors
-        self.num_heads = config.kda_num_heads
-        self.head_dim = config.kda_head_dim
+        h0, h1 = parallel.layout.tp_range(config.kda_num_heads)    # this rank's heads
+        self.num_heads = h1 - h0
+        self.head_dim = K = config.kda_head_dim
         self.lower_bound = config.gate_lower_bound
         self.eps = config.rms_norm_eps
-        self.qkv_proj = weights.take_linear(
-            [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"])
+        channels = Shard(0, h0 * K, h1 * K)
+        self.qkv_proj = ColumnParallelLinear(
+            weights, [a + f"{n}_proj.weight" for n in ("q", "k", "v")], h0 * K, h1 * K)
         # conv weights [C, 1, Kc] -> one [3C, Kc] for the fused q|k|v convolution
-        self.w_conv = torch.cat([weights.take_fp32(a + f"{n}_conv1d.weight")[:, 0, :]
+        self.w_conv = torch.cat([weights.take_fp32(a + f"{n}_conv1d.weight", channels)[:, 0, :]
                                  for n in ("q", "k", "v")], dim=0)
         self.f_a_proj = weights.take_linear(a + "f_a_proj.weight")
-        self.f_b_proj = weights.take_linear(a + "f_b_proj.weight")
-        self.b_proj = weights.take_linear(a + "b_proj.weight")
-        self.g_proj = weights.take_linear(a + "g_proj.weight")
+        self.f_b_proj = ColumnParallelLinear(weights, a + "f_b_proj.weight", h0 * K, h1 * K)
+        self.b_proj = ColumnParallelLinear(weights, a + "b_proj.weight", h0, h1)
+        self.g_proj = ColumnParallelLinear(weights, a + "g_proj.weight", h0 * K, h1 * K)
         # A_log may be padded ([128], [1,1,96,1]): the first num_heads entries are used (§9 #16)
-        self.a_log = weights.take_fp32(a + "A_log").flatten()[: self.num_heads]
-        self.dt_bias = weights.take_fp32(a + "dt_bias")
+        a_log = weights.take_fp32(a + "A_log").flatten()[: config.kda_num_heads]
+        self.a_log = a_log[h0:h1].contiguous()
+        self.dt_bias = weights.take_fp32(a + "dt_bias", channels)
         self.o_norm = weights.take_fp32(a + "o_norm.weight")
-        self.o_proj = weights.take_linear(a + "o_proj.weight")
+        self.o_proj = RowParallelLinear(weights, a + "o_proj.weight", h0 * K, h1 * K, parallel.tp)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, conv_pool: torch.Tensor,
                 state_pool: torch.Tensor, ops: OpTable) -> torch.Tensor:

@@ -6,6 +6,7 @@ import torch
 from atomk31.checkpoint import TensorSpec, expected_tensors, preset_config
 from atomk31.checkpoint.schema import dequantized_expert_tensors
 from atomk31.config import ModelConfig
+from k31_config import k31_pro_config
 
 P = "language_model.model."
 
@@ -147,12 +148,6 @@ def test_tensor_spec_shape_rules() -> None:
 
 def test_full_k3_1_pro_is_1_56_tb() -> None:
     """MODEL_SPEC §7.4's sanity check: §3's shapes for 93 layers and 896 experts total 1.56 TB."""
-    config_json = preset_config("proxy")
-    text = config_json["text_config"]
-    mla_layers = [i for i in range(1, 94) if i % 4 == 0 or i == 93]
-    text.update(num_hidden_layers=93, num_experts=896)
-    text["linear_attn_config"].update(full_attn_layers=mla_layers,
-                                      kda_layers=[i for i in range(1, 94) if i not in mla_layers])
-    specs = expected_tensors(ModelConfig.from_dict(config_json))
+    specs = expected_tensors(ModelConfig.from_dict(k31_pro_config()))
     assert len(specs) == 5 + 93 * 6 + 69 * 14 + 24 * 13 + 3 + 92 * (8 + 896 * 6)
     assert 1.555e12 < sum(spec.nbytes for spec in specs.values()) < 1.565e12
