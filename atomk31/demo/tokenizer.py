@@ -10,6 +10,7 @@ vocabulary size gives the same files.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from atomk31.checkpoint.tokenizer import NUM_SPECIAL_SLOTS
@@ -30,6 +31,7 @@ def demo_corpus() -> str:
     return "\n".join(texts)
 
 
+@functools.lru_cache(maxsize=2)
 def demo_ranks(vocab_size: int) -> dict[bytes, int]:
     """The BPE ranks of a demo tokenizer with `vocab_size` ids (specials included)."""
     return train_bpe_ranks(demo_corpus(), vocab_size - NUM_SPECIAL_SLOTS, split_digits=True)

@@ -15,11 +15,12 @@ from atomk31.engine.sampling_params import SamplingParams
 class LLM:
     """An engine for offline batches.
 
-    Arguments are EngineConfig's (see its docstring): `model` is a checkpoint directory;
-    `dtype="auto"` means float32 compute and cache on CPU, BF16 compute and an FP8 cache on GPU.
+    Arguments are EngineConfig's (see its docstring): `model` is a checkpoint directory (None:
+    the built-in model, as `atomk31 serve` with no `--model`); `dtype="auto"` means float32
+    compute and cache on CPU, BF16 compute and an FP8 cache on GPU.
     """
 
-    def __init__(self, model: str | os.PathLike, *, block_size: int = 128,
+    def __init__(self, model: str | os.PathLike | None = None, *, block_size: int = 128,
                  kernel_backend: str = "auto", dtype: str = "auto",
                  max_model_len: int | None = None, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 4096, enable_prefix_caching: bool = True,
@@ -28,6 +29,10 @@ class LLM:
                  kv_cache_memory: int | None = None, snapshot_fraction: float = 0.1,
                  online_quant_config: dict | None = None, seed: int = 0,
                  enforce_eager: bool = False):
+        if model is None:
+            from atomk31.cli import ensure_default_model
+
+            model = ensure_default_model()
         options = EngineConfig(
             model=str(model), block_size=block_size, kernel_backend=kernel_backend, dtype=dtype,
             max_model_len=max_model_len, max_num_seqs=max_num_seqs,
