@@ -30,7 +30,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="wall-clock budget from start-up; the best weights are kept")
     parser.add_argument("--steps", type=int, default=None,
                         help="exact step count (default: fitted to --max-minutes)")
-    parser.add_argument("--kda-backend", choices=KDA_BACKENDS, default="auto")
+    parser.add_argument("--kda-backend", choices=KDA_BACKENDS, default="torch",
+                        help="KDA scan: torch (default), fla (fla's chunk_kda on a GPU), auto (fla if "
+                        "it agrees with torch on a random batch)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     return parser
 

@@ -21,6 +21,7 @@ from atomk31.demo.tasks import FAMILIES, Example, generate
 IGNORE = -100
 KL_ROWS = 64              # indexer KL rows per sequence: the answer's first, then random ones
 PAD_MULTIPLE = 64         # pad lengths to whole KDA chunks
+SHORT_GROUPS = 3          # the mixed batch runs as this many length-sorted micro-batches
 
 
 @dataclass
@@ -33,7 +34,11 @@ class EncodedExample:
 @dataclass
 class Batch:
     """input_ids, targets [B, T] (IGNORE where unsupervised), token_mask [B, T] bool,
-    kl_rows [B, R] int64 and kl_valid [B, R] bool, families [B] (index into FAMILIES)."""
+    kl_rows [B, R] int64 and kl_valid [B, R] bool, families [B] (index into FAMILIES).
+
+    A micro-batch of a larger set: `ce_denominator` is the set's number of supervised tokens
+    (its CE sum divided by it gives the set's mean), `share` its share of the set's sequences.
+    """
 
     input_ids: torch.Tensor
     targets: torch.Tensor
@@ -41,11 +46,35 @@ class Batch:
     kl_rows: torch.Tensor
     kl_valid: torch.Tensor
     families: torch.Tensor
+    ce_denominator: int = 0
+    share: float = 1.0
+
+    def _map(self, function) -> "Batch":
+        tensors = (self.input_ids, self.targets, self.token_mask, self.kl_rows, self.kl_valid,
+                   self.families)
+        return Batch(*(function(t) for t in tensors), self.ce_denominator, self.share)
+
+    def split(self, max_positions: int) -> list["Batch"]:
+        """This batch cut along the batch dim into pieces of at most `max_positions` padded
+        positions (at least one sequence each), shares divided accordingly."""
+        size, length = self.input_ids.shape
+        per_piece = max(1, max_positions // length)
+        if per_piece >= size:
+            return [self]
+        pieces = []
+        for start in range(0, size, per_piece):
+            rows = slice(start, start + per_piece)
+            piece = self._map(lambda t: t[rows])
+            piece.share = self.share * piece.input_ids.shape[0] / size
+            pieces.append(piece)
+        return pieces
 
     def to(self, device: torch.device) -> "Batch":
-        return Batch(*(t.to(device, non_blocking=True) for t in (
-            self.input_ids, self.targets, self.token_mask, self.kl_rows, self.kl_valid,
-            self.families)))
+        return self._map(lambda t: t.to(device, non_blocking=True))
+
+    def pin_memory(self) -> "Batch":
+        """Called by the DataLoader's pinning thread."""
+        return self._map(lambda t: t.pin_memory())
 
     @property
     def num_tokens(self) -> int:
@@ -79,7 +108,22 @@ def collate(examples: list[EncodedExample], pad_id: int, rng: random.Random) -> 
         kl_rows[i, :len(chosen)] = torch.tensor(chosen)
         kl_valid[i, :len(chosen)] = True
     families = torch.tensor([FAMILIES.index(e.family) for e in examples])
-    return Batch(input_ids, targets, token_mask, kl_rows, kl_valid, families)
+    num_supervised = int((targets != IGNORE).sum())
+    return Batch(input_ids, targets, token_mask, kl_rows, kl_valid, families, num_supervised)
+
+
+def collate_groups(examples: list[EncodedExample], pad_id: int, rng: random.Random,
+                   num_groups: int) -> list[Batch]:
+    """`examples` sorted by length and cut into `num_groups` micro-batches (less padding), with
+    the set's supervised-token count and each group's share filled in."""
+    ordered = sorted(examples, key=lambda e: len(e.ids))
+    size = math.ceil(len(ordered) / num_groups)
+    batches = [collate(ordered[i:i + size], pad_id, rng) for i in range(0, len(ordered), size)]
+    total = sum(b.ce_denominator for b in batches)
+    for batch in batches:
+        batch.ce_denominator = total
+        batch.share = batch.input_ids.shape[0] / len(ordered)
+    return batches
 
 
 @dataclass(frozen=True)
@@ -139,8 +183,9 @@ class StepBatches(torch.utils.data.IterableDataset):
         while True:
             short, long = step_examples(self.plan, self.seed, step)
             rng = random.Random(f"atomk31-demo/rows/{self.seed}/{step}")
-            batches = [collate([encode(e, tokenizer) for e in short], self.pad_id, rng)]
+            batches = collate_groups([encode(e, tokenizer) for e in short], self.pad_id, rng,
+                                     SHORT_GROUPS)
             if long:
-                batches.append(collate([encode(e, tokenizer) for e in long], self.pad_id, rng))
+                batches += collate_groups([encode(e, tokenizer) for e in long], self.pad_id, rng, 1)
             yield batches
             step += num_workers

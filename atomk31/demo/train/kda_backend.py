@@ -54,6 +54,8 @@ def choose_kda_backend(model: DemoModel, requested: str, device: torch.device) -
                                          model.config.kda_head_dim)
             except ImportError as exc:
                 reason = f"fla is not importable ({exc})"
+            except Exception as exc:  # a kernel that fails to build or run: keep the PyTorch scan
+                reason = f"fla's chunk_kda failed ({type(exc).__name__}: {exc})"
             else:
                 if error <= AGREEMENT_TOLERANCE:
                     chosen, reason = "fla", f"agrees with the PyTorch scan (relative error {error:.1e})"

@@ -53,7 +53,7 @@ class RunOptions:
     device: str | None = None
     max_minutes: float = 7.0
     steps: int | None = None
-    kda_backend: str = "auto"
+    kda_backend: str = "torch"
 
 
 @dataclass
@@ -102,7 +102,8 @@ class FamilyLoss:
 
 def _batch_loss(model: DemoModel, batch: Batch, sparse: bool, autocast: bool,
                 family_loss: FamilyLoss) -> tuple[torch.Tensor, torch.Tensor]:
-    """(CE over the completion tokens + KL_WEIGHT * indexer KL, the CE alone) of one batch."""
+    """(CE over the completion tokens + KL_WEIGHT * indexer KL, the CE alone) of one micro-batch,
+    each scaled to its part of its set's mean."""
     options = ForwardOptions(sparse=sparse, kl_rows=batch.kl_rows, kl_valid=batch.kl_valid,
                              token_mask=batch.token_mask)
     with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=autocast):
@@ -111,18 +112,20 @@ def _batch_loss(model: DemoModel, batch: Batch, sparse: bool, autocast: bool,
         logits = model.logits(hidden[supervised])
     token_losses = F.cross_entropy(logits, batch.targets[supervised], reduction="none")
     family_loss.add(token_losses, batch.families[supervised.nonzero()[:, 0]])
-    ce = token_losses.mean()
-    kl = torch.stack(kl_losses).mean() if kl_losses else ce.new_zeros(())
+    ce = token_losses.sum() / max(1, batch.ce_denominator)       # this group's part of the mean
+    kl = torch.stack(kl_losses).mean() * batch.share if kl_losses else ce.new_zeros(())
     return ce + KL_WEIGHT * kl, ce
 
 
 def _train_step(model: DemoModel, optimizer: torch.optim.Optimizer, batches: list[Batch],
                 sparse: bool, lr: float, settings: TrainSettings, autocast: bool,
-                family_loss: FamilyLoss, device: torch.device) -> torch.Tensor:
+                family_loss: FamilyLoss, device: torch.device, max_positions: int
+                ) -> torch.Tensor:
+    """One optimiser step over every micro-batch of the step (each cut to `max_positions`)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     total = torch.zeros((), device=device)
-    for batch in batches:
+    for batch in (piece for b in batches for piece in b.split(max_positions)):
         loss, ce = _batch_loss(model, batch.to(device), sparse, autocast, family_loss)
         loss.backward()
         total = total + ce.detach()
@@ -183,6 +186,7 @@ class Trainer:
                                        self.settings.eval_passkey_lengths,
                                        self.settings.eval_per_length)
         self.family_loss = FamilyLoss(self.device)
+        self.max_positions = 1 << 30      # micro-batch cap, lowered after running out of memory
 
     def _describe(self) -> dict[str, Any]:
         return {"device": str(self.device), "torch": torch.__version__,
@@ -232,6 +236,23 @@ class Trainer:
         logger.info("step times: dense %.3f s, sparse %.3f s, eval %.1f s -> %d steps in all",
                     dense, sparse, eval_seconds, total)
 
+    def _guarded_step(self, batches: list[Batch], sparse: bool) -> torch.Tensor | None:
+        """A training step; on running out of GPU memory the step is dropped and later steps
+        cut their micro-batches in halves (None is returned)."""
+        try:
+            return _train_step(self.model, self.optimizer, batches, sparse,
+                               self.schedule.lr(self.state.step), self.settings, self.autocast,
+                               self.family_loss, self.device, self.max_positions)
+        except torch.cuda.OutOfMemoryError:
+            self.optimizer.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            longest = max(b.input_ids.numel() for b in batches)
+            self.max_positions = max(1, min(self.max_positions, longest) // 2)
+            self.state.info["out_of_memory_steps"] = self.state.info.get("out_of_memory_steps", 0) + 1
+            logger.warning("out of GPU memory at step %d: micro-batches now hold at most %d "
+                           "positions", self.state.step, self.max_positions)
+            return None
+
     def _phase(self, step: int) -> bool:
         """Set the experts' quantization for `step`; return whether MLA runs sparse."""
         calibrating = self.schedule.total_steps is None
@@ -259,9 +280,9 @@ class Trainer:
             if timing:
                 _synchronize(self.device)
                 started = time.monotonic()
-            loss = _train_step(self.model, self.optimizer, batches, sparse,
-                               self.schedule.lr(state.step), settings, self.autocast,
-                               self.family_loss, self.device)
+            loss = self._guarded_step(batches, sparse)
+            if loss is None:
+                continue
             if timing:
                 _synchronize(self.device)
                 step_times["sparse" if sparse else "dense"].append(time.monotonic() - started)

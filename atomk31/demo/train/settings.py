@@ -41,8 +41,8 @@ class TrainSettings:
 PROFILES: dict[str, TrainSettings] = {
     "gpu": TrainSettings(
         size="demo",
-        data=DataPlan(short_batch=96, family_weights=FAMILY_WEIGHTS,
-                      short_passkey_tokens=(200, 1024), long_tokens=32768,
+        data=DataPlan(short_batch=128, family_weights=FAMILY_WEIGHTS,
+                      short_passkey_tokens=(200, 800), long_tokens=32768,
                       long_passkey_tokens=(1024, 8400))),
     "cpu": TrainSettings(
         size="demo",
