@@ -69,7 +69,8 @@ class LatentMoe(nn.Module):
     def route(self, x: torch.Tensor, token_mask: torch.Tensor | None) -> torch.Tensor:
         """Dense routing weights [N, E] (zero off each token's top-k) for x [N, D]; the loads of
         the tokens in `token_mask` [N] (padding excluded) are kept for `update_bias`."""
-        scores = torch.sigmoid(x.float() @ self.gate.weight.float().T)
+        with torch.autocast(x.device.type, enabled=False):     # router logits in fp32 (§4.7)
+            scores = torch.sigmoid(x.float() @ self.gate.weight.float().T)
         chosen = (scores + self.gate.e_score_correction_bias).topk(self.top_k, dim=-1).indices
         weights = scores.gather(-1, chosen)
         if self.renormalize:

@@ -1,8 +1,9 @@
 """The trainer's settings: one dataclass, with the profiles the command line picks from.
 
 `gpu`: the real run on one large GPU (an H200: about 8 minutes in all), long passkey sequences
-up to 8K tokens. `cpu`: the same model and tasks at CPU pace (short passkeys, small batches), to
-watch the tasks being learned. `toy`: the toy model for a few steps, what the test runs.
+up to 8K tokens. `cpu`: the same model and tasks at CPU pace (short passkeys, small batches).
+`cpu-toy`: the toy-size model on the same tasks, to watch them being learned on a shared CPU.
+`toy`: the toy model for a few steps, what the test runs.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from atomk31.demo.train.data import DataPlan
 
 # arithmetic, passkey, tools, chat (the order of tasks.FAMILIES)
-FAMILY_WEIGHTS = (0.4, 0.1, 0.33, 0.17)
+FAMILY_WEIGHTS = (0.45, 0.1, 0.3, 0.15)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,14 @@ PROFILES: dict[str, TrainSettings] = {
         peak_lr=2e-3, warmup_steps=30, eval_every_s=600.0, eval_per_family=24,
         eval_passkey_lengths=(512, 1024), eval_per_length=8, eval_batch_tokens=8192,
         log_every=10, calibrate_steps=(3, 8, 12), final_reserve_s=120.0, num_workers=0),
+    "cpu-toy": TrainSettings(
+        size="toy",
+        data=DataPlan(short_batch=8, family_weights=FAMILY_WEIGHTS,
+                      short_passkey_tokens=(150, 400), long_tokens=0,
+                      long_passkey_tokens=(400, 400)),
+        peak_lr=3e-3, warmup_steps=30, eval_every_s=900.0, eval_per_family=32,
+        eval_passkey_lengths=(256, 400), eval_per_length=16, eval_batch_tokens=8192,
+        log_every=20, calibrate_steps=(3, 8, 12), final_reserve_s=120.0, num_workers=0),
     "toy": TrainSettings(
         size="toy",
         data=DataPlan(short_batch=4, family_weights=FAMILY_WEIGHTS,
