@@ -39,34 +39,31 @@ class TrainSettings:
         return dataclasses.replace(self, **changes)
 
 
+_CPU = TrainSettings(
+    size="demo",
+    data=DataPlan(short_batch=8, family_weights=FAMILY_WEIGHTS, short_passkey_tokens=(200, 700),
+                  long_tokens=0, long_passkey_tokens=(700, 1024)),
+    warmup_steps=30, eval_every_s=600.0, eval_per_family=24, eval_passkey_lengths=(512, 1024),
+    eval_per_length=8, eval_batch_tokens=8192, log_every=10, calibrate_steps=(3, 8, 12),
+    final_reserve_s=120.0, num_workers=0)
+
 PROFILES: dict[str, TrainSettings] = {
     "gpu": TrainSettings(
         size="demo",
         data=DataPlan(short_batch=128, family_weights=FAMILY_WEIGHTS,
                       short_passkey_tokens=(200, 800), long_tokens=32768,
                       long_passkey_tokens=(1024, 8400))),
-    "cpu": TrainSettings(
-        size="demo",
-        data=DataPlan(short_batch=8, family_weights=FAMILY_WEIGHTS,
-                      short_passkey_tokens=(200, 700), long_tokens=0,
-                      long_passkey_tokens=(700, 1024)),
-        peak_lr=2e-3, warmup_steps=30, eval_every_s=600.0, eval_per_family=24,
-        eval_passkey_lengths=(512, 1024), eval_per_length=8, eval_batch_tokens=8192,
-        log_every=10, calibrate_steps=(3, 8, 12), final_reserve_s=120.0, num_workers=0),
-    "cpu-toy": TrainSettings(
-        size="toy",
-        data=DataPlan(short_batch=8, family_weights=FAMILY_WEIGHTS,
-                      short_passkey_tokens=(150, 400), long_tokens=0,
-                      long_passkey_tokens=(400, 400)),
-        peak_lr=3e-3, warmup_steps=30, eval_every_s=900.0, eval_per_family=32,
-        eval_passkey_lengths=(256, 400), eval_per_length=16, eval_batch_tokens=8192,
-        log_every=20, calibrate_steps=(3, 8, 12), final_reserve_s=120.0, num_workers=0),
-    "toy": TrainSettings(
+    "cpu": _CPU,
+    "cpu-toy": _CPU.replace(
+        size="toy", data=dataclasses.replace(_CPU.data, short_passkey_tokens=(150, 400)),
+        peak_lr=3e-3, eval_every_s=900.0, eval_per_family=32, eval_passkey_lengths=(256, 400),
+        eval_per_length=16, log_every=20),
+    "toy": _CPU.replace(
         size="toy",
         data=DataPlan(short_batch=4, family_weights=FAMILY_WEIGHTS,
                       short_passkey_tokens=(100, 200), long_tokens=400,
                       long_passkey_tokens=(150, 200)),
         peak_lr=3e-3, warmup_steps=2, eval_every_s=1e9, eval_per_family=2,
         eval_passkey_lengths=(120,), eval_per_length=2, eval_batch_tokens=4096, log_every=1,
-        calibrate_steps=(1, 2, 3), final_reserve_s=0.0, num_workers=0),
+        calibrate_steps=(1, 2, 3), final_reserve_s=0.0),
 }
