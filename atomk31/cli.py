@@ -56,10 +56,12 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     make = sub.add_parser("make-checkpoint", help="write a random checkpoint of a preset")
-    _add_flag(make, "preset", choices=["tiny", "proxy"], default="tiny")
+    _add_flag(make, "preset", choices=["tiny", "proxy", "proxy-mini"], default="tiny")
     _add_flag(make, "seed", type=int, default=0)
     _add_flag(make, "out", type=Path, required=True, help="output directory")
     _add_flag(make, "max_shard_bytes", type=int, default=2 << 30)
+    _add_flag(make, "device", default="cpu",
+              help="where to draw the weights: cuda draws a real-width preset in seconds")
 
     serve = sub.add_parser("serve", help="the OpenAI-compatible HTTP server")
     from server.launch import add_serve_arguments
@@ -73,7 +75,8 @@ def _build_parser() -> argparse.ArgumentParser:
               help="prompt text (repeat for several prompts)")
     _add_flag(gen, "max_tokens", type=int, default=16)
     _add_flag(gen, "block_size", type=int, default=128)
-    _add_flag(gen, "kernel_backend", default="auto", choices=["auto", "torch", "triton", "amd"])
+    _add_flag(gen, "kernel_backend", default="auto",
+              choices=["auto", "torch", "triton", "hopper", "amd"])
     _add_flag(gen, "reference", action="store_true",
               help="compute with the float32 reference model (the oracle) instead of the engine")
 
@@ -84,15 +87,17 @@ def _build_parser() -> argparse.ArgumentParser:
     add_eval_arguments(evaluate)
 
     info = sub.add_parser("info", help="the platform and the kernel chosen for every op")
-    _add_flag(info, "kernel_backend", default="auto", choices=["auto", "torch", "triton", "amd"])
-    _add_flag(info, "device", default=None, help="e.g. cpu, cuda:0 (default: the GPU if any)")
+    from atomk31.info import add_info_arguments
+
+    add_info_arguments(info, _add_flag)
     return parser
 
 
 def _cmd_make_checkpoint(args: argparse.Namespace) -> int:
     from atomk31.checkpoint import make_checkpoint
 
-    make_checkpoint(args.preset, seed=args.seed, out=args.out, max_shard_bytes=args.max_shard_bytes)
+    make_checkpoint(args.preset, seed=args.seed, out=args.out, max_shard_bytes=args.max_shard_bytes,
+                    device=args.device)
     print(f"wrote the {args.preset} checkpoint (seed {args.seed}) to {args.out}")
     return 0
 
@@ -139,27 +144,9 @@ def _generate_with_reference(model_dir: Path, prompts: list[str],
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    import torch
+    from atomk31.info import run_info
 
-    import atomk31
-    from atomk31.engine.cuda_graphs import why_no_decode_graphs
-    from atomk31.ops import select_ops
-
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    platform = "CPU"
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        platform = f"{name} (ROCm {torch.version.hip})" if torch.version.hip else \
-            f"{name} (CUDA {torch.version.cuda})"
-    print(f"atomk31 {atomk31.__version__}, torch {torch.__version__}, device {device}: {platform}")
-    table = select_ops(args.kernel_backend, device)
-    print(f"kernel backend {args.kernel_backend!r}:")
-    for op, backend, note in table.describe():
-        print(f"  {op:<22} {backend:<7} {note}")
-    why_eager = why_no_decode_graphs(device, args.kernel_backend, enforce_eager=False)
-    print("decode steps: " + ("replayed from CUDA graphs (--enforce-eager: eager)"
-                              if why_eager is None else f"eager ({why_eager})"))
-    return 0
+    return run_info(args)
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:

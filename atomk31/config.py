@@ -192,7 +192,7 @@ def _float_or_none(v: float | int | None) -> float | None:
 
 
 
-KERNEL_BACKENDS = ("auto", "torch", "triton", "amd")
+KERNEL_BACKENDS = ("auto", "torch", "triton", "hopper", "amd")
 DTYPES = ("auto", "bfloat16", "float32")
 KV_CACHE_DTYPES = ("auto", "fp8", "bf16", "fp32")
 INDEX_CACHE_DTYPES = ("fp8", "mxfp4")

@@ -31,24 +31,25 @@ def time_ms(fn: Callable[[], object], warmup: int = 10, rep: int = 50) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
-def time_graph_ms(fn: Callable[[], object], rep: int = 100, replayed: bool = False) -> float:
+def time_graph_ms(fn: Callable[[], object], rep: int = 100) -> float:
     """Median milliseconds of `fn` replayed from a CUDA graph (triton's do_bench_cudagraph).
 
     What the engine pays once it captures its decode step: no host launch overhead, which
     dominates `time_ms` for kernels shorter than ~50 us or made of several launches. `fn` must
-    be capturable (no host syncs, no allocations whose addresses change between replays).
-    replayed: run fn (warm-up and capture) inside `replayed_launches()`, as the engine captures
-    its decode steps, so launchers pick the kernels they pick for graphs (PTPC's Gluon tiles
-    without the eager FLOP floor, the Gluon indexer); False times the eager choices in a graph.
+    be capturable (no host syncs, no allocations whose addresses change between replays). To
+    time what the engine's graph steps run, take the op from `engine_kernels().graph`.
     """
-    import contextlib
-
     import triton.testing
 
-    from atomk31.triton_kernels.runtime import replayed_launches
+    return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
 
-    with replayed_launches() if replayed else contextlib.nullcontext():
-        return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+
+def engine_kernels(device: torch.device | str = "cuda"):
+    """The eager and graph tables the engine builds on this device (BF16 compute, FP8 latent
+    and index keys, 128-token blocks): benchmarks time the kernels the engine runs."""
+    from atomk31.ops import KernelContext, Target, select_kernels
+
+    return select_kernels("auto", KernelContext.default_for(Target.of_device(device)))
 
 
 def measure_copy_bandwidth(device: torch.device | str = "cuda", num_bytes: int = 2 << 30) -> float:

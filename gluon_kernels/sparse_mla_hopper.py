@@ -319,7 +319,7 @@ def sparse_mla_hopper(
     slots: torch.Tensor,
     softmax_scale: float,
     num_splits: int | None = None,
-    warp_specialized: bool = False,
+    warp_specialized: bool = True,
     schedule: str = "late_values",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of each row over its selected slots with the Hopper Gluon kernel: (out

@@ -55,8 +55,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
               default=None)
     _add_flag(parser, "block_size", "KV-cache block size in tokens, a power of two",
               value_type=int, default=DEFAULTS.block_size)
-    _add_flag(parser, "kernel_backend", "kernels: auto picks amd on ROCm, triton on CUDA, "
-              "torch on CPU", choices=KERNEL_BACKENDS, default=DEFAULTS.kernel_backend)
+    _add_flag(parser, "kernel_backend", "kernels: auto picks amd on ROCm, hopper on sm_90, "
+              "triton on other CUDA GPUs, torch on CPU (`atomk31 info` prints the tables)",
+              choices=KERNEL_BACKENDS, default=DEFAULTS.kernel_backend)
     _add_flag(parser, "dtype", "compute dtype", choices=DTYPES, default=DEFAULTS.dtype)
     _add_flag(parser, "max_model_len", "context length (default: the checkpoint's)",
               value_type=int, default=DEFAULTS.max_model_len)

@@ -22,7 +22,7 @@ def test_info_lists_every_op_with_its_backend(capsys):
     assert main(["info", "--kernel-backend", "torch", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     for op in ("indexer_score", "sparse_mla", "kda_prefill", "moe_experts_mxfp4"):
-        assert re.search(rf"^\s+{op}\s+torch", out, flags=re.MULTILINE), out
+        assert re.search(rf"^\s+{op}( \[\w+\])?\s+torch", out, flags=re.MULTILINE), out
     assert "decode steps: eager (no GPU)" in out
 
 

@@ -50,9 +50,11 @@ class KDAStateSpec:
             )
 
     @property
-    def conv_shape(self) -> tuple[int, int, int]:
-        """One slot's conv state in one layer: (3, Kc-1, C)."""
-        return (NUM_CONV_INPUTS, self.conv_width - 1, self.conv_channels)
+    def conv_shape(self) -> tuple[int, int]:
+        """One slot's conv state in one layer: (Kc-1, 3C), the q | k | v histories side by
+        side as the fused convolution reads them (so kernels read and write a slot where it
+        lies)."""
+        return (self.conv_width - 1, NUM_CONV_INPUTS * self.conv_channels)
 
     @property
     def recurrent_shape(self) -> tuple[int, int, int]:

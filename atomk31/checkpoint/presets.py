@@ -85,11 +85,22 @@ def _with_root(text: dict[str, Any], root_extra: dict[str, Any]) -> dict[str, An
     return {**_ROOT, **root_extra, "text_config": text}
 
 
+# The proxy's widths in 3 layers: the dense first layer (KDA), a MoE KDA layer and a MoE MLA
+# layer with the indexer (MLA at 1-based 3: the last layer, §1), 32 experts with the real 16
+# active. About 9 GB; `make-checkpoint --device cuda` draws it in seconds (the real-width GPU
+# tests).
+_PROXY_MINI_TEXT: dict[str, Any] = {
+    **_PROXY_TEXT, "num_hidden_layers": 3, "num_experts": 32,
+    "linear_attn_config": {**_PROXY_TEXT["linear_attn_config"], "full_attn_layers": [3],
+                           "kda_layers": [1, 2]},
+}
+
 # name -> config.json contents (root + text_config). Read-only: use preset_config() for a copy.
 PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
     "tiny": _with_root(_TINY_TEXT, {}),
     # The proxy keeps the real vocabulary, so it also keeps the real media placeholder id (§2.3).
     "proxy": _with_root(_PROXY_TEXT, {"media_placeholder_token_id": 163605}),
+    "proxy-mini": _with_root(_PROXY_MINI_TEXT, {"media_placeholder_token_id": 163605}),
 })
 
 

@@ -127,14 +127,16 @@ def init_rule(name: str, spec: TensorSpec) -> InitRule:
 
 
 def draw(parameter: PlannedParameter, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """Materialise one planned parameter: name -> tensor in its stored dtype (on CPU)."""
+    """Materialise one planned parameter: name -> tensor in its stored dtype, on the
+    generator's device (a CUDA generator draws a real-width checkpoint in seconds; the values
+    then differ from a CPU draw of the same seed)."""
     if parameter.is_mxfp4:
         logical = _draw_float32(parameter.draw_shape, parameter.rule, generator)
         packed, scales = quantize_mxfp4(logical)
         return dict(zip(parameter.names, (packed, scales)))
     (name,), (dtype,) = parameter.names, parameter.dtypes
     shape = parameter.draw_shape
-    out = torch.empty(shape, dtype=dtype)
+    out = torch.empty(shape, dtype=dtype, device=generator.device)
     rows, row_numel = shape[0], math.prod(shape[1:])
     rows_per_chunk = max(1, MAX_DRAW_ELEMENTS // row_numel)
     flat = out.view(rows, row_numel)
@@ -146,9 +148,11 @@ def draw(parameter: PlannedParameter, generator: torch.Generator) -> dict[str, t
 
 def _draw_float32(shape: tuple[int, ...], rule: InitRule,
                   generator: torch.Generator) -> torch.Tensor:
+    device = generator.device
     if rule.kind == "normal":
-        return torch.randn(shape, generator=generator) * rule.std + rule.mean
-    uniform = torch.rand(shape, generator=generator) * (rule.high - rule.low) + rule.low
+        return torch.randn(shape, generator=generator, device=device) * rule.std + rule.mean
+    uniform = torch.rand(shape, generator=generator, device=device) * (rule.high - rule.low) \
+        + rule.low
     if rule.kind == "uniform":
         return uniform
     if rule.kind == "log_uniform":

@@ -39,19 +39,22 @@ PROGRESS_MIN_BYTES = 256 << 20
 
 def make_checkpoint(preset: str, seed: int, out: str | os.PathLike,
                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-                    progress: bool = True) -> Path:
-    """Write the named preset ("tiny" or "proxy", see presets.py) with random weights.
+                    progress: bool = True, device: str | torch.device = "cpu") -> Path:
+    """Write the named preset (presets.py: "tiny", "proxy", "proxy-mini") with random weights.
 
     Returns the output directory. Existing weight files of an earlier checkpoint in `out`
-    (`model.safetensors`, `model-*-of-*.safetensors`, the index) are replaced.
+    (`model.safetensors`, `model-*-of-*.safetensors`, the index) are replaced. ``device``:
+    where the weights are drawn ("cuda" draws a real-width checkpoint in seconds; a seed then
+    gives other values than on the CPU).
     """
     return write_random_checkpoint(preset_config(preset), seed, out,
-                                   max_shard_bytes=max_shard_bytes, progress=progress)
+                                   max_shard_bytes=max_shard_bytes, progress=progress,
+                                   device=device)
 
 
 def write_random_checkpoint(config_json: dict[str, Any], seed: int, out: str | os.PathLike,
                             max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
-                            progress: bool = True) -> Path:
+                            progress: bool = True, device: str | torch.device = "cpu") -> Path:
     """Write a random checkpoint for any valid config.json contents (root + text_config or
     flat), e.g. a plain-K3 variant of tiny without the indexer fields."""
     if max_shard_bytes < 1:
@@ -65,7 +68,7 @@ def write_random_checkpoint(config_json: dict[str, Any], seed: int, out: str | o
     generation = {"bos_token_id": specials["[BOS]"], "eos_token_id": specials[END_OF_MESSAGE]}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     shards = plan_shards(plan_parameters(config), max_shard_bytes)
-    _write_shards(shards, seed, out, progress)
+    _write_shards(shards, seed, out, progress, torch.device(device))
     logger.info("wrote a random checkpoint (seed %d, %d shard(s)) to %s", seed, len(shards), out)
     return out
 
@@ -93,8 +96,8 @@ def shard_file_names(num_shards: int) -> list[str]:
 
 
 def _write_shards(shards: list[list[PlannedParameter]], seed: int, out: Path,
-                  progress: bool) -> None:
-    generator = torch.Generator().manual_seed(seed)
+                  progress: bool, device: torch.device) -> None:
+    generator = torch.Generator(device=device).manual_seed(seed)
     total_bytes = sum(p.nbytes for shard in shards for p in shard)
     names = shard_file_names(len(shards))
     weight_map: dict[str, str] = {}
@@ -104,7 +107,8 @@ def _write_shards(shards: list[list[PlannedParameter]], seed: int, out: Path,
         for file_name, shard in zip(names, shards):
             tensors: dict[str, torch.Tensor] = {}
             for parameter in shard:
-                tensors.update(draw(parameter, generator))
+                drawn = draw(parameter, generator)
+                tensors.update({name: t.cpu() for name, t in drawn.items()})
                 bar.update(parameter.nbytes)
             save_file(tensors, out / file_name, metadata={"format": "pt"})
             weight_map.update({name: file_name for name in tensors})

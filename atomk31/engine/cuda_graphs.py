@@ -23,19 +23,21 @@ and their logits are dropped. A decode that ends a block takes its KDA snapshot 
 replay: with one new token, the state "after its first m tokens" is the final state, copied
 into the snapshot slot.
 
-Capture is lazy, on a shape's first step: one eager forward over padding rows (it compiles every
-kernel), then the capture, both under ``replayed_launches()`` so that launchers pick the
-kernels they would pick for graphs (on Hopper the Gluon PTPC GEMM and indexer, whose host launches
-are slow).
-All graphs share one memory pool; only one replays at a time and its logits are consumed
-before the next step. At most MAX_GRAPHS are kept (least recently used dropped): each holds its
-block tables (batch x context / block_size int32) and the graph's kernel parameters.
+Kernels. Graph steps run the kernels of the engine's graph table, eager steps those of its eager
+table (ops/registry.py builds both at start-up: on Hopper the graph table takes the Gluon
+indexer, whose host launch is slow; on AMD the eager table takes kernels a capture cannot
+hold). Capture is lazy, on a shape's first step: one forward over padding rows with the graph
+table (it compiles every kernel), then the capture, then one replay checked against the eager
+step on the same inputs (graph_check.py). All graphs share one memory pool; only one replays at
+a time and its logits are consumed before the next step. At most MAX_GRAPHS are kept (least
+recently used dropped): each holds its block tables (batch x context / block_size int32) and
+the graph's kernel parameters.
 
-Not graphed: prefill and mixed steps, more requests than the largest size, the torch backend
-(why_no_decode_graphs). A capture that fails (an op that reads the device from the host, such
-as the torch MoE over BF16 experts) turns graphs off for the engine, with a warning naming the
-error; eager steps go on. Launchers that would read the device from the host take a capturable
-kernel under ``replayed_launches()`` (the amd backend's indexer and MoE: the Triton ones).
+Not graphed: prefill and mixed steps, more requests than the largest size, and every step when
+an op the model calls has no implementation a graph may capture (why_no_decode_graphs: the
+torch backend, whose ops read the device from the host). A capture that fails, or a replay
+that disagrees with the eager step, turns that shape eager with a warning naming the op and
+the error; eager steps go on.
 """
 
 from __future__ import annotations
@@ -47,9 +49,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from atomk31.engine.graph_check import replay_error, replay_tolerance, suspect_op
 from atomk31.engine.scheduler import ScheduledSequence
 from atomk31.model import ForwardBatch
-from atomk31.triton_kernels.runtime import replayed_launches
+from atomk31.ops import Kernels, OpTable
+from atomk31.ops.registry import OpUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -63,17 +67,16 @@ MIN_GRAPH_CONTEXT = 256
 MAX_GRAPHS = 48
 
 
-def why_no_decode_graphs(device: torch.device, kernel_backend: str,
-                         enforce_eager: bool) -> str | None:
-    """Why the engine decodes eagerly on this device, or None when it replays graphs: they need
-    a GPU, and the torch backend's ops read the device from the host, which a capture cannot."""
-    if device.type != "cuda":
+def why_no_decode_graphs(kernels: Kernels, enforce_eager: bool,
+                         ops_called: Sequence[str] | set[str] | None = None) -> str | None:
+    """Why the engine decodes eagerly, or None when it replays graphs: they need a GPU, and an
+    implementation a graph may capture for every op the model calls (``ops_called``; None:
+    every registered op)."""
+    if not kernels.context.target.is_gpu:
         return "no GPU"
     if enforce_eager:
         return "--enforce-eager"
-    if kernel_backend == "torch":
-        return "the torch kernel backend"
-    return None
+    return kernels.why_no_graphs(ops_called)
 
 
 def graph_batch_size(num_requests: int, max_batch: int) -> int | None:
@@ -157,14 +160,18 @@ class _Graph:
 
 
 class DecodeGraphs:
-    """Captures and replays the decode step (module docstring). ``forward(batch)`` runs the
-    model over a ForwardBatch and returns the logits of its ``logits_indices``."""
+    """Captures and replays the decode step (module docstring). ``forward(batch, ops)`` runs
+    the model over a ForwardBatch with an op table and returns the logits of its
+    ``logits_indices``. ``backup_slot``: a scratch KDA state slot for the replay check."""
 
-    def __init__(self, forward: Callable[[ForwardBatch], torch.Tensor], block_size: int,
-                 max_batch: int, max_context: int, split_points: Sequence[int],
-                 scratch_block: int, scratch_slot: int, device: torch.device,
-                 copy_state: Callable[[int, int], None]):
+    def __init__(self, forward: Callable[[ForwardBatch, OpTable], torch.Tensor],
+                 kernels: Kernels, block_size: int, max_batch: int, max_context: int,
+                 split_points: Sequence[int], scratch_block: int, scratch_slot: int,
+                 backup_slot: int, device: torch.device, copy_state: Callable[[int, int], None]):
         self.forward = forward
+        self.graph_ops, self.eager_ops = kernels.graph, kernels.eager
+        self.tolerance = replay_tolerance(kernels.context.compute_dtype)
+        self.backup_slot = backup_slot
         self.block_size = block_size
         self.max_batch = max_batch
         self.buckets = context_buckets(max_context, block_size, split_points)
@@ -172,6 +179,7 @@ class DecodeGraphs:
         self.device = device
         self.copy_state = copy_state          # (src slot, dst slot): a KDA snapshot
         self.graphs: OrderedDict[tuple[int, int], _Graph] = OrderedDict()
+        self.refused: dict[tuple[int, int], str] = {}   # shapes that run eagerly, and why
         self.pool = None
         self.enabled = True
         self.num_replays = 0
@@ -194,12 +202,12 @@ class DecodeGraphs:
         """Logits [len(scheduled), vocab] of this decode step from a graph replay; None when
         no graph runs it (run it eagerly)."""
         shape = self.shape_for(scheduled)
-        if shape is None:
+        if shape is None or shape in self.refused:
             return None
         graph = self.graphs.get(shape)
         if graph is None:
             graph = self._capture(*shape)
-            if graph is None:
+            if graph is None or not self._replay_agrees(graph, scheduled[0], shape):
                 return None
             if len(self.graphs) >= MAX_GRAPHS:
                 self.graphs.popitem(last=False)         # the least recently replayed
@@ -217,18 +225,44 @@ class DecodeGraphs:
         inputs = DecodeInputs(batch, context, self.block_size, self.scratch_block,
                               self.scratch_slot, self.device)
         try:
-            with replayed_launches():
-                self.forward(inputs.batch)              # warm-up: compiles every kernel
-                torch.cuda.synchronize(self.device)
-                graph = torch.cuda.CUDAGraph()
-                if self.pool is None:
-                    self.pool = torch.cuda.graph_pool_handle()
-                with torch.cuda.graph(graph, pool=self.pool):
-                    logits = self.forward(inputs.batch)
-        except RuntimeError as failure:
+            self.forward(inputs.batch, self.graph_ops)     # warm-up: compiles every kernel
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(graph, pool=self.pool):
+                logits = self.forward(inputs.batch, self.graph_ops)
+        except OpUnavailableError as failure:
             self.enabled = False
-            logger.warning("CUDA graphs off: capturing the decode step (batch %d, context %d) "
-                           "failed: %s; decoding eagerly", batch, context, failure)
+            logger.warning("CUDA graphs off: %s; decoding eagerly", failure)
+            return None
+        except Exception as failure:       # noqa: BLE001 (any kernel's error: refuse the shape)
+            where = "; ".join(getattr(failure, "__notes__", ())) or "outside the ops"
+            self.refused[batch, context] = f"capture failed {where}: {failure}"
+            logger.warning("decode steps of %d requests at context %d run eagerly: capturing "
+                           "them failed %s: %s", batch, context, where, failure)
             return None
         logger.info("captured the decode step for %d requests, context %d", batch, context)
         return _Graph(inputs, graph, logits)
+
+    def _replay_agrees(self, graph: _Graph, item: ScheduledSequence,
+                       shape: tuple[int, int]) -> bool:
+        """Replay the new graph once on ``item`` (graph_check.py); refuse its shape if the
+        replay differs from the eager step."""
+        graph.inputs.fill([item])
+        slot = item.seq.state_slot
+
+        def replay() -> torch.Tensor:
+            graph.graph.replay()
+            return graph.logits
+        error = replay_error(replay, graph.inputs.batch, self.forward, self.eager_ops, slot,
+                             self.backup_slot, self.copy_state)
+        if error <= self.tolerance:
+            return True
+        suspect = suspect_op(graph.inputs.batch, self.forward, self.graph_ops, self.eager_ops,
+                             slot, self.backup_slot, self.copy_state, self.tolerance)
+        self.refused[shape] = f"replay differs from the eager step by {error:.2e}: {suspect}"
+        logger.warning("decode steps of %d requests at context %d run eagerly: the graph's "
+                       "replay differs from the eager step by %.2e (relative, tolerance %.0e); "
+                       "%s", *shape, error, self.tolerance, suspect)
+        return False

@@ -29,7 +29,7 @@ from atomk31.engine.scheduler import Scheduler
 from atomk31.engine.sequence import Sequence, SequenceStatus
 from atomk31.engine.stop_checker import StopChecker
 from atomk31.model import K31Model
-from atomk31.ops import select_ops
+from atomk31.ops import KernelContext, Target, select_kernels
 from atomk31.quant.ptpc import quantize_linears_ptpc
 
 logger = logging.getLogger(__name__)
@@ -48,6 +48,13 @@ class _Request:
     seqs: list[Sequence]
 
 
+def kernel_context(target: Target, config: ResolvedEngineConfig,
+                   block_size: int) -> KernelContext:
+    """What kernels are chosen against: the device's target and the engine's fixed formats."""
+    return KernelContext(target, config.compute_dtype, config.latent_cache_dtype,
+                         config.index_cache_format, block_size)
+
+
 class LLMEngine:
     def __init__(self, options: EngineConfig):
         device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -55,15 +62,18 @@ class LLMEngine:
         self.config: ResolvedEngineConfig = options.resolve(self.model_config, device)
         self.device = device
         self.tokenizer = Tokenizer.from_pretrained(options.model)
-        self.ops = select_ops(options.kernel_backend, device)
-        for op, backend, note in self.ops.describe():
-            logger.debug("op %-20s -> %s %s", op, backend, note)
+        self.kernels = select_kernels(options.kernel_backend, kernel_context(
+            Target.of_device(device), self.config, options.block_size))
+        for step, table in (("eager", self.kernels.eager), ("graph", self.kernels.graph)):
+            for op, shape, target, kernel, passed_over in table.describe():
+                logger.debug("%s %s [%s] -> %s %s (%s)", step, op, shape, target, kernel,
+                             passed_over)
         tensors = load_checkpoint(options.model, self.model_config)
         if options.online_quant_config is not None:
             tensors = quantize_linears_ptpc(tensors, options.online_quant_config,
                                             self.config.fp8_variant)
-        self.model = K31Model(self.model_config, tensors, self.ops, self.config.compute_dtype,
-                              device, self.config.index_cache_format, self.config.fp8_variant)
+        self.model = K31Model(self.model_config, tensors, self.config.compute_dtype, device,
+                              self.config.index_cache_format, self.config.fp8_variant)
         self.stop_checker = StopChecker(self.tokenizer, self._eos_token_ids(options.model))
         self._build_cache(options)
         self.requests: dict[str, _Request] = {}
@@ -83,11 +93,12 @@ class LLMEngine:
             conv_channels=mc.kda_num_heads * mc.kda_head_dim,
             # the conv history is BF16 in the engine (§4.4); float32 compute keeps it exact
             conv_dtype=rc.compute_dtype)
-        # CUDA-graph decode (engine/cuda_graphs.py) needs a scratch block and KDA state slot
-        # for its padding rows, outside the pools and paid from the budget
-        graphs = why_no_decode_graphs(self.device, options.kernel_backend,
-                                      options.enforce_eager) is None
-        scratch_bytes = layout.row_bytes + state_spec.bytes_per_slot() if graphs else 0
+        # CUDA-graph decode (engine/cuda_graphs.py) needs a scratch block and two KDA state
+        # slots (padding rows; the first replay's check), outside the pools, paid from the budget
+        self.why_eager = why_no_decode_graphs(self.kernels, options.enforce_eager,
+                                              self.model.ops_called)
+        graphs = self.why_eager is None
+        scratch_bytes = layout.row_bytes + 2 * state_spec.bytes_per_slot() if graphs else 0
         plan = plan_cache(self._cache_budget(options) - scratch_bytes, layout, state_spec,
                           options.max_num_seqs, rc.max_model_len, options.snapshot_fraction)
         logger.info("cache: %d blocks of %d tokens, %d state slots, %d snapshot slots",
@@ -96,23 +107,27 @@ class LLMEngine:
         self.kv_pool = layout.allocate(plan.num_blocks + int(graphs), self.device)
         kv_views = [layout.layer_view(self.kv_pool, i) for i in range(len(mc.mla_layer_ids))]
         self.state_pool = KDAStatePool(state_spec, plan.num_state_slots + plan.num_snapshot_slots,
-                                       self.device, num_scratch_slots=int(graphs))
+                                       self.device, num_scratch_slots=2 * int(graphs))
         self.block_pool = BlockPool(plan.num_blocks, options.block_size,
                                     options.enable_prefix_caching)
         self.snapshots = SnapshotIndex(self.state_pool, plan.num_snapshot_slots
                                        if options.enable_prefix_caching else 0)
         self.scheduler = Scheduler(self.block_pool, self.state_pool, self.snapshots,
                                    options.max_num_seqs, options.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, kv_views, self.state_pool, options.block_size,
-                                  self.device, self.stop_checker.suppressed_token_ids)
+        self.runner = ModelRunner(self.model, self.kernels, kv_views, self.state_pool,
+                                  options.block_size, self.device,
+                                  self.stop_checker.suppressed_token_ids)
         if graphs:
             self.runner.graphs = DecodeGraphs(
-                self.runner.forward, options.block_size,
+                self.runner.forward, self.kernels, options.block_size,
                 max_batch=min(options.max_num_seqs, GRAPH_BATCH_SIZES[-1]),
                 max_context=rc.max_model_len,
                 split_points=[mc.index_topk] if mc.has_indexer else [],
-                scratch_block=plan.num_blocks, scratch_slot=self.state_pool.scratch_slot(),
-                device=self.device, copy_state=self.state_pool.copy)
+                scratch_block=plan.num_blocks, scratch_slot=self.state_pool.scratch_slot(0),
+                backup_slot=self.state_pool.scratch_slot(1), device=self.device,
+                copy_state=self.state_pool.copy)
+        else:
+            logger.info("decode steps run eagerly: %s", self.why_eager)
 
     def _cache_budget(self, options: EngineConfig) -> int:
         if options.kv_cache_memory is not None:

@@ -17,13 +17,15 @@ from atomk31.engine.sampler import Sampler
 from atomk31.engine.scheduler import ScheduledSequence
 from atomk31.engine.sequence import Sequence
 from atomk31.model import ForwardBatch, K31Model
+from atomk31.ops import Kernels, OpTable
 
 
 class ModelRunner:
-    def __init__(self, model: K31Model, kv_views: list[MLACacheView], state_pool: KDAStatePool,
-                 block_size: int, device: torch.device,
+    def __init__(self, model: K31Model, kernels: Kernels, kv_views: list[MLACacheView],
+                 state_pool: KDAStatePool, block_size: int, device: torch.device,
                  suppressed_token_ids: Callable[[Sequence], list[int]]):
         self.model = model
+        self.kernels = kernels
         self.kv_views = kv_views
         self.state_pool = state_pool
         self.block_size = block_size
@@ -32,10 +34,11 @@ class ModelRunner:
         self.suppressed_token_ids = suppressed_token_ids   # EOS / stops before min_tokens
         self.graphs: DecodeGraphs | None = None             # set by the engine on a GPU
 
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """The model over one batch with this runner's caches: logits of batch.logits_indices."""
+    def forward(self, batch: ForwardBatch, ops: OpTable | None = None) -> torch.Tensor:
+        """The model over one batch with this runner's caches and the kernels of ``ops`` (the
+        eager table unless told): logits of batch.logits_indices."""
         return self.model.forward(batch, self.kv_views, self.state_pool.conv,
-                                  self.state_pool.recurrent)
+                                  self.state_pool.recurrent, ops or self.kernels.eager)
 
     def run(self, scheduled: list[ScheduledSequence]) -> list[tuple[ScheduledSequence, int, object]]:
         """Run one step; -> (item, sampled token id, logprobs info) for each item whose last

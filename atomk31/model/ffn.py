@@ -16,17 +16,18 @@ ROUTED_NORM_NAME = "routed_expert_norm.weight"
 class DenseMLP:
     """y = W_down · situ_glu(W_gate x, W_up x); gate and up fused as [gate | up] (§4.8)."""
 
-    def __init__(self, config: ModelConfig, weights: WeightSource, prefix: str, ops: OpTable):
-        self.ops = ops
+    OPS = ("situ_glu", "ptpc_linear")
+
+    def __init__(self, config: ModelConfig, weights: WeightSource, prefix: str):
         self.beta = config.activation_situ_beta
         self.linear_beta = config.activation_situ_linear_beta
         self.gate_up_proj = weights.take_linear(
-            [prefix + "gate_proj.weight", prefix + "up_proj.weight"], ops)
-        self.down_proj = weights.take_linear(prefix + "down_proj.weight", ops)
+            [prefix + "gate_proj.weight", prefix + "up_proj.weight"])
+        self.down_proj = weights.take_linear(prefix + "down_proj.weight")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(self.ops.situ_glu(gate, up, self.beta, self.linear_beta))
+    def forward(self, x: torch.Tensor, ops: OpTable) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x, ops).chunk(2, dim=-1)
+        return self.down_proj(ops.situ_glu(gate, up, self.beta, self.linear_beta), ops)
 
 
 class LatentMoE:
@@ -37,9 +38,8 @@ class LatentMoE:
     checkpoint is the dequantized variant (§3.2).
     """
 
-    def __init__(self, config: ModelConfig, weights: WeightSource, prefix: str, ops: OpTable):
+    def __init__(self, config: ModelConfig, weights: WeightSource, prefix: str):
         e = prefix + "block_sparse_moe."
-        self.ops = ops
         self.top_k = config.num_experts_per_token
         self.renormalize = config.moe_renormalize
         self.scaling = config.routed_scaling_factor
@@ -54,7 +54,7 @@ class LatentMoE:
             self.w_latent_up = weights.take(e + "routed_expert_up_proj.weight")
         self.latent_norm = (weights.take_fp32(e + ROUTED_NORM_NAME)
                             if self.is_latent and config.latent_moe_use_norm else None)
-        self.shared = (DenseMLP(config, weights, e + "shared_experts.", ops)
+        self.shared = (DenseMLP(config, weights, e + "shared_experts.")
                        if config.num_shared_experts else None)
         experts = [f"{e}experts.{i}." for i in range(config.num_experts)]
         self.is_mxfp4 = weights.has(experts[0] + "w1.weight_packed")
@@ -76,8 +76,14 @@ class LatentMoE:
                                for p in experts])
             self.w2 = _stack([weights.take(p + "w2.weight") for p in experts])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ops = self.ops
+    @property
+    def ops_called(self) -> tuple[str, ...]:
+        """The ops ``forward`` calls (which graph steps must be able to capture)."""
+        experts = "moe_experts_mxfp4" if self.is_mxfp4 else "moe_experts_dense"
+        shared = DenseMLP.OPS if self.shared is not None else ()
+        return ("moe_route", experts, "rms_norm") + shared
+
+    def forward(self, x: torch.Tensor, ops: OpTable) -> torch.Tensor:
         weights, ids = ops.moe_route(x, self.w_router, self.correction_bias, self.top_k,
                                      self.renormalize, self.scaling)
         z = x @ self.w_latent_down.T if self.is_latent else x
@@ -92,7 +98,7 @@ class LatentMoE:
             u = ops.rms_norm(u, self.latent_norm, self.eps)
         u = u.to(x.dtype)
         y = u @ self.w_latent_up.T if self.is_latent else u
-        return y + self.shared.forward(x) if self.shared is not None else y
+        return y + self.shared.forward(x, ops) if self.shared is not None else y
 
 
 def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Kimi K3.1 in engine form: the decoder stack with attention residuals (MODEL_SPEC §4.3).
 
-`K31Model.forward(batch, kv_caches, kda_conv, kda_state)` runs one engine step over a batch that
-mixes prefill chunks and decodes, and returns float32 logits for the tokens in
+`K31Model.forward(batch, kv_caches, kda_conv, kda_state, ops)` runs one engine step over a batch
+that mixes prefill chunks and decodes with the kernels of ``ops`` (the engine's eager table, or
+its graph table when the step is captured), and returns float32 logits for the tokens in
 `batch.logits_indices` only. AttnRes is per token, so no cross-token state exists beyond the
 caches: the depth blocks of a step live for that step alone.
 """
@@ -24,22 +25,21 @@ class AttnResSite:
     """One AttnRes mixing site (§4.3): softmax over depth of w_p · rms_norm(V, w_n), then the
     consumer's norm. w_n * w_p is folded into one query vector at load."""
 
-    def __init__(self, weights: WeightSource, res_prefix: str, out_norm_name: str, eps: float,
-                 ops: OpTable):
+    def __init__(self, weights: WeightSource, res_prefix: str, out_norm_name: str, eps: float):
         w_n = weights.take_fp32(res_prefix + "_norm.weight")
         w_p = weights.take_fp32(res_prefix + "_proj.weight")[0]
         self.query = w_n * w_p
         self.out_norm = weights.take_fp32(out_norm_name)
         self.eps = eps
-        self.ops = ops
 
-    def __call__(self, blocks: list[torch.Tensor], prefix: torch.Tensor) -> torch.Tensor:
+    def __call__(self, blocks: list[torch.Tensor], prefix: torch.Tensor,
+                 ops: OpTable) -> torch.Tensor:
         candidates = torch.stack(blocks + [prefix])
-        return self.ops.attn_res(candidates, self.query, self.out_norm, self.eps)
+        return ops.attn_res(candidates, self.query, self.out_norm, self.eps)
 
 
 class DecoderLayer:
-    def __init__(self, config: ModelConfig, weights: WeightSource, layer: int, ops: OpTable,
+    def __init__(self, config: ModelConfig, weights: WeightSource, layer: int,
                  mla_index: int | None, kda_index: int | None, index_format: str,
                  fp8_variant: str):
         p = f"{MODEL_PREFIX}layers.{layer}."
@@ -47,21 +47,26 @@ class DecoderLayer:
         self.layer = layer
         self.closes_block = config.closes_attn_res_block(layer)
         self.attn_site = AttnResSite(weights, p + "self_attention_res", p + "input_layernorm.weight",
-                                     eps, ops)
+                                     eps)
         self.mlp_site = AttnResSite(weights, p + "mlp_res", p + "post_attention_layernorm.weight",
-                                    eps, ops)
+                                    eps)
         self.mla_index = mla_index
         self.kda_index = kda_index
         if mla_index is not None:
-            self.mixer = MLAMixer(config, weights, p, ops, index_format, fp8_variant)
+            self.mixer = MLAMixer(config, weights, p, index_format, fp8_variant)
         else:
-            self.mixer = KDAMixer(config, weights, p, kda_index, ops)
-        self.ffn = (LatentMoE(config, weights, p, ops) if config.is_moe_layer(layer)
-                    else DenseMLP(config, weights, p + "mlp.", ops))
+            self.mixer = KDAMixer(config, weights, p, kda_index)
+        self.ffn = (LatentMoE(config, weights, p) if config.is_moe_layer(layer)
+                    else DenseMLP(config, weights, p + "mlp."))
+
+    @property
+    def ops_called(self) -> tuple[str, ...]:
+        ffn = self.ffn.ops_called if isinstance(self.ffn, LatentMoE) else DenseMLP.OPS
+        return ("attn_res",) + self.mixer.OPS + ffn
 
 
 class K31Model:
-    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], ops: OpTable,
+    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor],
                  dtype: torch.dtype, device: torch.device, index_format: str = "fp8",
                  fp8_variant: str = "e4m3fn"):
         weights = WeightSource(tensors, dtype, device)
@@ -70,40 +75,46 @@ class K31Model:
         self.embed = weights.take(MODEL_PREFIX + "embed_tokens.weight")
         mla_ids, kda_ids = list(config.mla_layer_ids), list(config.kda_layer_ids)
         self.layers = [
-            DecoderLayer(config, weights, layer, ops,
+            DecoderLayer(config, weights, layer,
                          mla_ids.index(layer) if layer in mla_ids else None,
                          kda_ids.index(layer) if layer in kda_ids else None,
                          index_format, fp8_variant)
             for layer in range(config.num_hidden_layers)
         ]
         self.output_site = AttnResSite(weights, MODEL_PREFIX + "output_attn_res",
-                                       MODEL_PREFIX + "norm.weight", config.rms_norm_eps, ops)
+                                       MODEL_PREFIX + "norm.weight", config.rms_norm_eps)
         self.lm_head = weights.take(TEXT_PREFIX + "lm_head.weight")
         leftover = sorted(weights.tensors)
         if leftover:
             raise ValueError(f"checkpoint tensors not used by the model: {leftover[:8]}"
                              f"{' ...' if len(leftover) > 8 else ''}")
 
+    @property
+    def ops_called(self) -> set[str]:
+        """Every op ``forward`` may call with these weights (graph steps need each to have an
+        implementation a graph may capture)."""
+        return {op for layer in self.layers for op in layer.ops_called}
+
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_caches: list[MLACacheView],
-                kda_conv: torch.Tensor, kda_state: torch.Tensor) -> torch.Tensor:
+                kda_conv: torch.Tensor, kda_state: torch.Tensor, ops: OpTable) -> torch.Tensor:
         """-> float32 logits [len(batch.logits_indices), vocab]."""
         prefix = self.embed[batch.input_ids]
         blocks: list[torch.Tensor] = []
         for layer in self.layers:
-            x = layer.attn_site(blocks, prefix)
+            x = layer.attn_site(blocks, prefix, ops)
             if layer.closes_block:                 # bank at the attention site (§4.3)
                 blocks.append(prefix)
                 prefix = None
             if layer.mla_index is not None:
-                a = layer.mixer.forward(x, batch, kv_caches[layer.mla_index])
+                a = layer.mixer.forward(x, batch, kv_caches[layer.mla_index], ops)
             else:
-                a = layer.mixer.forward(x, batch, kda_conv, kda_state)
+                a = layer.mixer.forward(x, batch, kda_conv, kda_state, ops)
             prefix = a if prefix is None else _add(prefix, a)
-            x = layer.mlp_site(blocks, prefix)
-            prefix = _add(prefix, layer.ffn.forward(x))
+            x = layer.mlp_site(blocks, prefix, ops)
+            prefix = _add(prefix, layer.ffn.forward(x, ops))
         rows = batch.logits_indices
-        h = self.output_site([b[rows] for b in blocks], prefix[rows])
+        h = self.output_site([b[rows] for b in blocks], prefix[rows], ops)
         return (h @ self.lm_head.T).float()
 
 

@@ -13,19 +13,18 @@ from atomk31.ops import OpTable
 
 
 class Linear:
-    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor | None, ops: OpTable):
+    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor | None):
         self.weight = weight                # [N, K]: compute dtype, or FP8 with weight_scale
         self.weight_scale = weight_scale    # fp32 [N] or None
-        self.ops = ops
 
     @property
     def is_fp8(self) -> bool:
         return self.weight_scale is not None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, ops: OpTable) -> torch.Tensor:
         if self.weight_scale is None:
             return x @ self.weight.T
-        return self.ops.ptpc_linear(x, self.weight, self.weight_scale)
+        return ops.ptpc_linear(x, self.weight, self.weight_scale)
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight in `dtype` (for weights used other than as a linear, e.g. MLA's absorbed

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from atomk31.model.linear import Linear
-from atomk31.ops import OpTable
 
 TEXT_PREFIX = "language_model."
 MODEL_PREFIX = TEXT_PREFIX + "model."
@@ -43,17 +42,17 @@ class WeightSource:
         """Several linears fused along the output dim, in the given order."""
         return torch.cat([self.take(n, dtype) for n in names], dim=0)
 
-    def take_linear(self, names: str | list[str], ops: OpTable) -> Linear:
+    def take_linear(self, names: str | list[str]) -> Linear:
         """One linear, or several fused along the output dim (in the given order), as stored:
         in the compute dtype, or FP8 + per-channel scales after PTPC quantization (§6.5)."""
         names = [names] if isinstance(names, str) else names
         scale_names = [n[: -len("weight")] + "weight_scale" for n in names]
         quantized = [s in self.tensors for s in scale_names]
         if not any(quantized):
-            return Linear(self.take_cat(names), None, ops)
+            return Linear(self.take_cat(names), None)
         if not all(quantized):
             raise ValueError(f"fused linears {names} must all be PTPC-quantized or none; "
                              "adjust --online-quant-config's exclude_layer")
         weight = torch.cat([self.take_raw(n) for n in names], dim=0)
         scale = torch.cat([self.take_fp32(s) for s in scale_names], dim=0)
-        return Linear(weight, scale, ops)
+        return Linear(weight, scale)

@@ -20,6 +20,7 @@ per-token loop.
 import torch
 
 from atomk31.ops.registry import register
+from atomk31.ops.requirements import needs_gpu
 
 
 def attn_res_torch(
@@ -48,19 +49,5 @@ def attn_res_torch(
 
 
 register("attn_res", "torch", attn_res_torch)
-
-
-# Triton implementation (atomk31/triton_kernels/attn_res.py), imported on first call.
-def _needs_gpu(device: torch.device) -> str | None:
-    return None if device.type == "cuda" else "needs a CUDA or ROCm GPU"
-
-
-def attn_res_triton(
-    candidates: torch.Tensor, query: torch.Tensor, out_weight: torch.Tensor, eps: float
-) -> torch.Tensor:
-    from atomk31.triton_kernels.attn_res import attn_res_triton as kernel
-
-    return kernel(candidates, query, out_weight, eps)
-
-
-register("attn_res", "triton", attn_res_triton, _needs_gpu)
+register("attn_res", "triton", "atomk31.triton_kernels.attn_res:attn_res_triton",
+         why_not=needs_gpu)

@@ -27,8 +27,11 @@ causal softmax, rtol 1e-5, atol 1e-5.
 
 import torch
 
-from atomk31.ops.kv_write import check_latent_cache, read_latent, why_triton_unavailable
-from atomk31.ops.registry import register
+from atomk31.ops.kv_write import check_latent_cache, read_latent
+from atomk31.ops.registry import define_op, register
+from atomk31.ops.requirements import (
+    READS_DEVICE, all_of, needs_compute, needs_gpu, needs_hopper, needs_latent,
+)
 from atomk31.ops.sparse_mla import LATENT_VALUE_DIM, check_mla_query, softmax_attend
 from atomk31.ops.topk import causal_slots_of_request, check_paged_rows, group_rows_by_request
 
@@ -83,29 +86,28 @@ def dense_mla_torch(
 dense_mla = dense_mla_torch
 
 
-def dense_mla_triton(
-    q: torch.Tensor,
-    latent_cache: torch.Tensor,
-    latent_scale: float,
-    block_table: torch.Tensor,
-    row_request: torch.Tensor,
-    row_position: torch.Tensor,
-    block_size: int,
-    softmax_scale: float,
-    *,
-    max_position: int | None = None,
-    rows_per_request: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`dense_mla` in Triton (atomk31/triton_kernels/dense_mla.py): split-KV flash decoding
-    with bf16 tensor-core products for bf16 queries over a bf16 / fp8 latent (within ~1e-2
-    relative of the torch result); float32 products when either side is float32."""
-    from atomk31.triton_kernels.dense_mla import dense_mla_triton as launch
-
+def check_dense_mla(q: torch.Tensor, latent_cache: torch.Tensor, latent_scale: float,
+                    block_table: torch.Tensor, row_request: torch.Tensor,
+                    row_position: torch.Tensor, block_size: int, softmax_scale: float,
+                    **hints) -> None:
+    """The host-side argument check of `dense_mla` (shapes and dtypes; no device reads)."""
     check_latent_cache(latent_cache, latent_scale)
-    return launch(q, latent_cache, latent_scale, block_table, row_request, row_position,
-                  block_size, softmax_scale, max_position=max_position,
-                  rows_per_request=rows_per_request)
+    if latent_cache.shape[1] != block_size:
+        raise ValueError(f"latent cache pages hold {latent_cache.shape[1]} tokens but "
+                         f"block_size is {block_size}; pass the block size the cache was "
+                         "built with")
+    if block_table.dim() != 2 or row_request.dim() != 1 or \
+            row_position.shape != row_request.shape:
+        raise ValueError(f"block_table must be [N, max_blocks] and row_request, row_position "
+                         f"[Nq], got {list(block_table.shape)}, {list(row_request.shape)} and "
+                         f"{list(row_position.shape)}")
+    check_mla_query(q, row_request.shape[0])
 
 
-register("dense_mla", "torch", dense_mla_torch)
-register("dense_mla", "triton", dense_mla_triton, why_unavailable=why_triton_unavailable)
+define_op("dense_mla", check=check_dense_mla)
+register("dense_mla", "torch", dense_mla_torch, not_in_graph=READS_DEVICE)
+register("dense_mla", "triton", "atomk31.triton_kernels.dense_mla:dense_mla_triton",
+         why_not=needs_gpu)
+register("dense_mla", "hopper", "gluon_kernels.dense_mla_hopper:dense_mla_hopper",
+         why_not=all_of(needs_hopper, needs_latent(torch.float8_e4m3fn),
+                        needs_compute(torch.bfloat16, torch.float16)))

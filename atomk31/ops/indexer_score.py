@@ -29,9 +29,12 @@ from atomk31.ops.kv_write import (
     dequantize_index_keys,
     quantize_index_keys,
     read_index_keys,
-    why_triton_unavailable,
 )
-from atomk31.ops.registry import register
+from atomk31.ops.registry import define_op, register
+from atomk31.ops.requirements import (
+    READS_DEVICE, all_of, needs_gpu, needs_hopper, needs_index_format, needs_rocm,
+)
+from atomk31.ops.target import KernelContext
 from atomk31.ops.topk import causal_slots_of_request, check_paged_rows, group_rows_by_request
 
 # Bound on the [rows, H_I, keys] logits held at once (fp32 elements, 256 MiB): rows of a long
@@ -101,32 +104,41 @@ def indexer_score_torch(
 indexer_score = indexer_score_torch
 
 
-def indexer_score_triton(
-    q: torch.Tensor,
-    head_weights: torch.Tensor,
-    index_values: torch.Tensor,
-    index_scales: torch.Tensor,
-    index_format: str,
-    fp8_variant: str,
-    block_table: torch.Tensor,
-    row_request: torch.Tensor,
-    row_position: torch.Tensor,
-    block_size: int,
-    num_positions: int | None = None,
-) -> torch.Tensor:
-    """`indexer_score` in Triton (atomk31/triton_kernels/indexer_score.py): each request's keys
-    are read once for all its rows; same tolerance as the torch implementation.
-    num_positions: L = max(row_position) + 1 when the caller knows it on the host (no device
-    read). Exact products with fp32 sums on every target: bf16 (e4m3 and E2M1 x 2^e values are
-    bf16 values), fp16 for FP8 keys on CUDA (e4m3 values are fp16 values); the launcher's fp8
-    tensor-core path is opt-in only (outside the tolerance)."""
-    from atomk31.triton_kernels.indexer_score import indexer_score_triton as launch
-
-    return launch(q, head_weights, index_values, index_scales, index_format, fp8_variant,
-                  block_table, row_request, row_position, block_size,
-                  num_positions=num_positions)
+def check_indexer_score(q: torch.Tensor, head_weights: torch.Tensor,
+                        index_values: torch.Tensor, index_scales: torch.Tensor,
+                        index_format: str, fp8_variant: str, block_table: torch.Tensor,
+                        row_request: torch.Tensor, row_position: torch.Tensor,
+                        block_size: int, num_positions: int | None = None) -> None:
+    """The host-side argument check of `indexer_score` (shapes and dtypes; no device reads)."""
+    check_index_cache(index_values, index_scales, index_format, fp8_variant)
+    num_rows = row_request.shape[0]
+    if q.dim() != 3 or q.shape[0] != num_rows or q.shape[2] != INDEX_DIM:
+        raise ValueError(f"q must be [Nq={num_rows}, H_I, {INDEX_DIM}], got {list(q.shape)}")
+    if tuple(head_weights.shape) != (num_rows, q.shape[1]):
+        raise ValueError(f"head_weights must be [Nq={num_rows}, H_I={q.shape[1]}], got "
+                         f"{list(head_weights.shape)}")
+    if index_values.shape[1] != block_size:
+        raise ValueError(f"index cache pages hold {index_values.shape[1]} tokens but "
+                         f"block_size is {block_size}; pass the block size the cache was "
+                         "built with")
 
 
-register("indexer_score", "torch", indexer_score_torch)
-register("indexer_score", "triton", indexer_score_triton,
-         why_unavailable=why_triton_unavailable)
+def _hopper_block_size(context: KernelContext) -> str | None:
+    # the kernel's 64-key tiles must not straddle two pages
+    if context.block_size % 64:
+        return f"needs a block size that is a multiple of 64, got {context.block_size}"
+    return None
+
+
+define_op("indexer_score", check=check_indexer_score)
+register("indexer_score", "torch", indexer_score_torch, not_in_graph=READS_DEVICE)
+register("indexer_score", "triton", "atomk31.triton_kernels.indexer_score:indexer_score_triton",
+         why_not=needs_gpu)
+register("indexer_score", "hopper",
+         "gluon_kernels.indexer_score_hopper_launch:indexer_score_hopper",
+         why_not=all_of(needs_hopper, needs_index_format("fp8"), _hopper_block_size),
+         not_in_eager="a Gluon launch costs ~70 us more host time than Triton's, so it pays "
+                      "only when replayed from a graph")
+register("indexer_score", "amd", "gluon_kernels.indexer_score:indexer_score_gluon",
+         why_not=needs_rocm(("gfx950", "gfx942")),
+         not_in_graph="the launch reads its row-group count back from the device")

@@ -18,9 +18,13 @@ Contracts:
   (lower_bound, 0). Null form (``lower_bound=None``, Kimi-Linear):
   ``g = -exp(A_log[h]) * softplus(f + dt_bias)``.
 * ``kda_decode(q [N, H, K], k [N, H, K], v [N, H, V], g [N, H, K], beta [N, H],
-  state [N, H, K, V], scale) -> o [N, H, V]``: one step per request in §4.4's order
-  (1. decay the rows, 2. delta-rule error ``u = beta (v - k̂ S)``, 3. rank-1 write
-  ``S += k̂ u^T``, 4. read after the write ``o = q̂ S``); ``state`` is updated in place.
+  state [N, H, K, V], scale, state_slots=None) -> o [N, H, V]``: one step per request in
+  §4.4's order (1. decay the rows, 2. delta-rule error ``u = beta (v - k̂ S)``, 3. rank-1
+  write ``S += k̂ u^T``, 4. read after the write ``o = q̂ S``); the state is updated in
+  place. With ``state_slots`` (int64 [N]) ``state`` is a layer's whole state pool
+  ``[S, H, K, V]`` and request r's state is ``state[state_slots[r]]``: the engine's decode
+  steps update the pool where it lies, so no step gathers and scatters 6 MiB of state per
+  request and layer (the slots are distinct).
 * ``kda_verify(q [N, Tq, H, K], k, v [N, Tq, H, V], g [N, Tq, H, K], beta [N, Tq, H],
   state [N, H, K, V], scale) -> (o [N, Tq, H, V], states_after_each fp32 [N, Tq, H, K, V])``:
   Tq steps from ``state``, which is left untouched; ``states_after_each[:, i]`` is the state
@@ -35,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from atomk31.ops.registry import register
+from atomk31.ops.requirements import needs_gpu
 
 # §9 #3: the KDA l2 norms of q and k use 1e-6.
 L2_NORM_EPS = 1e-6
@@ -94,12 +99,18 @@ def kda_decode_torch(
     beta: torch.Tensor,
     state: torch.Tensor,
     scale: float,
+    state_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One decode step per request; updates ``state`` [N, H, K, V] in place -> o [N, H, V]."""
-    _check_step_shapes("kda_decode", q, k, v, g, beta, state, leading=(q.shape[0],))
+    """One decode step per request; updates the state (``state`` [N, H, K, V], or the rows
+    ``state_slots`` of the pool ``state``) in place -> o [N, H, V]."""
+    rows = state if state_slots is None else state[state_slots]
+    _check_step_shapes("kda_decode", q, k, v, g, beta, rows, leading=(q.shape[0],))
     o, new_state = kda_step(l2_normalize(q) * scale, l2_normalize(k), v.float(), g.float(),
-                            beta.float(), state)
-    state.copy_(new_state)
+                            beta.float(), rows)
+    if state_slots is None:
+        state.copy_(new_state)
+    else:
+        state[state_slots] = new_state
     return o.to(v.dtype)
 
 
@@ -193,32 +204,8 @@ def check_snapshot_rows(
 
 register("kda_gate", "torch", kda_gate_torch)
 register("kda_decode", "torch", kda_decode_torch)
+register("kda_decode", "triton", "atomk31.triton_kernels.kda_decode:kda_decode_triton",
+         why_not=needs_gpu)
 register("kda_verify", "torch", kda_verify_torch)
-
-
-# Triton implementations (atomk31/triton_kernels/kda_decode.py), imported on first call so
-# that importing the ops compiles nothing and tests can choose the Triton interpreter.
-def _needs_gpu(device: torch.device) -> str | None:
-    return None if device.type == "cuda" else "needs a CUDA or ROCm GPU"
-
-
-def kda_decode_triton(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    state: torch.Tensor, scale: float,
-) -> torch.Tensor:
-    from atomk31.triton_kernels.kda_decode import kda_decode_triton as kernel
-
-    return kernel(q, k, v, g, beta, state, scale)
-
-
-def kda_verify_triton(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    state: torch.Tensor, scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    from atomk31.triton_kernels.kda_decode import kda_verify_triton as kernel
-
-    return kernel(q, k, v, g, beta, state, scale)
-
-
-register("kda_decode", "triton", kda_decode_triton, _needs_gpu)
-register("kda_verify", "triton", kda_verify_triton, _needs_gpu)
+register("kda_verify", "triton", "atomk31.triton_kernels.kda_decode:kda_verify_triton",
+         why_not=needs_gpu)

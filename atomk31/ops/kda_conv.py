@@ -11,12 +11,14 @@ Contracts:
   taken as zeros when ``has_initial_state[r]`` is False),
   ``y_t = silu(sum_j weight[:, j] * zz[t + j])`` (``weight[:, Kc-1]`` hits the current token),
   then ``conv_state[r] = zz[-(Kc-1):]`` in place: the last Kc-1 *inputs* (pre-conv).
-  A checkpoint weight ``[C, 1, Kc]`` is passed as ``weight[:, 0, :]``.
+  A checkpoint weight ``[C, 1, Kc]`` is passed as ``weight[:, 0, :]``. With ``state_slots``
+  (int64 [N], keyword) ``conv_state`` is a layer's whole pool ``[S, Kc-1, C]`` and request
+  r's state is ``conv_state[state_slots[r]]``, read and written where it lies.
 * ``conv_state_after(z [T, C], conv_state [N, Kc-1, C], cu_seqlens, has_initial_state,
   snapshot_at int64 [M, 2]) -> [M, Kc-1, C]``: for each row ``(r, m)`` the conv state request
   r would hold after its first m tokens of this batch (``0 <= m <= T_r``), i.e. the last Kc-1
   rows of ``cat(state_r, z_r[:m])``; for prefix-cache snapshots. Call it *before*
-  ``short_conv_silu``, which overwrites ``conv_state``.
+  ``short_conv_silu``, which overwrites ``conv_state``. ``state_slots`` as above.
 
 Accumulation in fp32; y takes z's dtype, the state keeps its own dtype (BF16 in the engine).
 Tests: fp32 within 1e-6 relative of a per-request loop; states exact.
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 
 from atomk31.ops.kda import check_cu_seqlens, check_snapshot_rows
 from atomk31.ops.registry import register
+from atomk31.ops.requirements import READS_DEVICE, needs_gpu
 
 
 def short_conv_silu_torch(
@@ -35,12 +38,18 @@ def short_conv_silu_torch(
     conv_state: torch.Tensor,
     cu_seqlens: torch.Tensor,
     has_initial_state: torch.Tensor,
+    state_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal depthwise conv + SiLU over variable-length requests; updates conv_state in place.
 
-    z: [T, C]; weight: [C, Kc]; conv_state: [N, Kc-1, C]; cu_seqlens: int32 [N+1];
-    has_initial_state: bool [N] -> y [T, C] in z.dtype.
+    z: [T, C]; weight: [C, Kc]; conv_state: [N, Kc-1, C] (or the pool [S, Kc-1, C] with
+    state_slots [N]); cu_seqlens: int32 [N+1]; has_initial_state: bool [N] -> y [T, C].
     """
+    if state_slots is not None:
+        rows = conv_state[state_slots]
+        y = short_conv_silu_torch(z, weight, rows, cu_seqlens, has_initial_state)
+        conv_state[state_slots] = rows
+        return y
     _check_conv_inputs("short_conv_silu", z, conv_state, cu_seqlens, has_initial_state)
     width = conv_state.shape[1] + 1
     if weight.shape != (z.shape[1], width):
@@ -69,12 +78,15 @@ def conv_state_after_torch(
     cu_seqlens: torch.Tensor,
     has_initial_state: torch.Tensor,
     snapshot_at: torch.Tensor,
+    state_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Conv states after the first m tokens of request r, for each (r, m) row of snapshot_at.
 
-    z: [T, C]; conv_state: [N, Kc-1, C] (before this batch); snapshot_at: int64 [M, 2]
-    -> [M, Kc-1, C] in conv_state.dtype.
+    z: [T, C]; conv_state: [N, Kc-1, C] (before this batch; or the pool [S, Kc-1, C] with
+    state_slots [N]); snapshot_at: int64 [M, 2] -> [M, Kc-1, C] in conv_state.dtype.
     """
+    if state_slots is not None:
+        conv_state = conv_state[state_slots]
     _check_conv_inputs("conv_state_after", z, conv_state, cu_seqlens, has_initial_state)
     if snapshot_at.dim() != 2 or snapshot_at.shape[1] != 2:
         raise ValueError(
@@ -139,32 +151,9 @@ def _check_conv_inputs(
         )
 
 
-register("short_conv_silu", "torch", short_conv_silu_torch)
-register("conv_state_after", "torch", conv_state_after_torch)
-
-
-# Triton implementations (atomk31/triton_kernels/kda_conv.py), imported on first call.
-def _needs_gpu(device: torch.device) -> str | None:
-    return None if device.type == "cuda" else "needs a CUDA or ROCm GPU"
-
-
-def short_conv_silu_triton(
-    z: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, cu_seqlens: torch.Tensor,
-    has_initial_state: torch.Tensor,
-) -> torch.Tensor:
-    from atomk31.triton_kernels.kda_conv import short_conv_silu_triton as kernel
-
-    return kernel(z, weight, conv_state, cu_seqlens, has_initial_state)
-
-
-def conv_state_after_triton(
-    z: torch.Tensor, conv_state: torch.Tensor, cu_seqlens: torch.Tensor,
-    has_initial_state: torch.Tensor, snapshot_at: torch.Tensor,
-) -> torch.Tensor:
-    from atomk31.triton_kernels.kda_conv import conv_state_after_triton as kernel
-
-    return kernel(z, conv_state, cu_seqlens, has_initial_state, snapshot_at)
-
-
-register("short_conv_silu", "triton", short_conv_silu_triton, _needs_gpu)
-register("conv_state_after", "triton", conv_state_after_triton, _needs_gpu)
+register("short_conv_silu", "torch", short_conv_silu_torch, not_in_graph=READS_DEVICE)
+register("short_conv_silu", "triton", "atomk31.triton_kernels.kda_conv:short_conv_silu_triton",
+         why_not=needs_gpu)
+register("conv_state_after", "torch", conv_state_after_torch, not_in_graph=READS_DEVICE)
+register("conv_state_after", "triton", "atomk31.triton_kernels.kda_conv:conv_state_after_triton",
+         why_not=needs_gpu)

@@ -31,6 +31,7 @@ import torch
 
 from atomk31.ops.kda import check_cu_seqlens, check_snapshot_rows, l2_normalize
 from atomk31.ops.registry import register
+from atomk31.ops.requirements import READS_DEVICE, needs_gpu
 
 
 def kda_prefill_torch(
@@ -153,22 +154,6 @@ def _check_prefill_inputs(
         check_snapshot_rows("kda_prefill", snapshot_at[:, 0], snapshot_at[:, 1], cu_seqlens)
 
 
-register("kda_prefill", "torch", kda_prefill_torch)
-
-
-# Triton implementation (atomk31/triton_kernels/kda_prefill.py), imported on first call.
-def _needs_gpu(device: torch.device) -> str | None:
-    return None if device.type == "cuda" else "needs a CUDA or ROCm GPU"
-
-
-def kda_prefill_triton(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    initial_state: torch.Tensor, cu_seqlens: torch.Tensor, scale: float, chunk_size: int = 64,
-    snapshot_at: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    from atomk31.triton_kernels.kda_prefill import kda_prefill_triton as kernel
-
-    return kernel(q, k, v, g, beta, initial_state, cu_seqlens, scale, chunk_size, snapshot_at)
-
-
-register("kda_prefill", "triton", kda_prefill_triton, _needs_gpu)
+register("kda_prefill", "torch", kda_prefill_torch, not_in_graph=READS_DEVICE)
+register("kda_prefill", "triton", "atomk31.triton_kernels.kda_prefill:kda_prefill_triton",
+         why_not=needs_gpu)

@@ -38,6 +38,7 @@ Accumulation: none (elementwise, fp32). Tests: bit-exact round trips against the
 import torch
 
 from atomk31.ops.registry import register
+from atomk31.ops.requirements import READS_DEVICE, needs_gpu
 from atomk31.quant import dequantize_mxfp4, quantize_fp8, quantize_fp8_per_row, quantize_mxfp4
 
 LATENT_DIM = 576  # [c 512 | k_r 64], §4.5
@@ -228,29 +229,6 @@ def kv_write_torch(
 kv_write = kv_write_torch
 
 
-def why_triton_unavailable(device: torch.device) -> str | None:
-    """Why the Triton kernels of the sparse-attention ops cannot run on `device` (None: they
-    can). Shared by kv_write, indexer_score, topk, sparse_mla and dense_mla."""
-    return None if torch.device(device).type == "cuda" else "needs a GPU (Triton)"
-
-
-def kv_write_triton(
-    latent: torch.Tensor,
-    index_key: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    latent_cache: torch.Tensor,
-    latent_scale: float,
-    index_values: torch.Tensor,
-    index_scales: torch.Tensor,
-    index_format: str,
-    fp8_variant: str,
-) -> None:
-    """`kv_write` as one Triton launch (atomk31/triton_kernels/kv_write.py), bit-exact."""
-    from atomk31.triton_kernels.kv_write import kv_write_triton as launch
-
-    launch(latent, index_key, slot_mapping, latent_cache, latent_scale, index_values,
-           index_scales, index_format, fp8_variant)
-
-
-register("kv_write", "torch", kv_write_torch)
-register("kv_write", "triton", kv_write_triton, why_unavailable=why_triton_unavailable)
+register("kv_write", "torch", kv_write_torch, not_in_graph=READS_DEVICE)
+register("kv_write", "triton", "atomk31.triton_kernels.kv_write:kv_write_triton",
+         why_not=needs_gpu)

@@ -29,6 +29,7 @@ the GPU tests bound its error relative to torch._scaled_mm's on the same inputs 
 import torch
 
 from atomk31.ops.registry import register
+from atomk31.ops.requirements import needs_gpu, needs_hopper
 from atomk31.quant.fp8 import PER_ROW_MIN_AMAX, divide_exactly
 
 
@@ -84,43 +85,18 @@ def _check_fp8_dtype(op: str, fp8_dtype: torch.dtype) -> None:
                          f"torch.float8_e4m3fnuz (§6.1), got {fp8_dtype}")
 
 
-def _needs_gpu(device: torch.device) -> str | None:
-    return None if device.type == "cuda" else "needs a CUDA or ROCm GPU"
-
-
-# Triton implementations, imported on first call: importing the ops compiles nothing and
-# leaves the choice of the Triton interpreter to whoever imports the kernels first.
-def ptpc_quantize_triton(
-    x: torch.Tensor, fp8_dtype: torch.dtype = torch.float8_e4m3fn
-) -> tuple[torch.Tensor, torch.Tensor]:
-    from atomk31.triton_kernels import ptpc_fp8
-
-    _check_fp8_dtype("ptpc_quantize", fp8_dtype)
-    return ptpc_fp8.ptpc_quantize_triton(x, fp8_dtype)
-
-
-def ptpc_linear_quantized_triton(
-    x_q: torch.Tensor,
-    x_scale: torch.Tensor,
-    w_fp8: torch.Tensor,
-    w_scale: torch.Tensor,
-    out_dtype: torch.dtype = torch.bfloat16,
-) -> torch.Tensor:
-    from atomk31.triton_kernels import ptpc_fp8
-
-    return ptpc_fp8.ptpc_linear_quantized_triton(x_q, x_scale, w_fp8, w_scale, out_dtype)
-
-
-def ptpc_linear_triton(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
-    from atomk31.triton_kernels import ptpc_fp8
-
-    return ptpc_fp8.ptpc_linear_triton(x, w_fp8, w_scale)
-
+_PTPC = "atomk31.triton_kernels.ptpc_fp8"
+# The sm_90 tile rules of the hopper target, per step (ptpc_fp8_config.HopperGemmRule).
+_HOPPER_RULES = {"eager": "atomk31.triton_kernels.ptpc_fp8_config:HOPPER_EAGER_RULE",
+                 "graph": "atomk31.triton_kernels.ptpc_fp8_config:HOPPER_GRAPH_RULE"}
 
 register("linear", "torch", linear_torch)
 register("ptpc_quantize", "torch", ptpc_quantize_torch)
-register("ptpc_quantize", "triton", ptpc_quantize_triton, _needs_gpu)
+register("ptpc_quantize", "triton", f"{_PTPC}:ptpc_quantize_triton", why_not=needs_gpu)
 register("ptpc_linear_quantized", "torch", ptpc_linear_quantized_torch)
-register("ptpc_linear_quantized", "triton", ptpc_linear_quantized_triton, _needs_gpu)
+register("ptpc_linear_quantized", "triton", f"{_PTPC}:ptpc_linear_quantized_triton",
+         why_not=needs_gpu)
 register("ptpc_linear", "torch", ptpc_linear_torch)
-register("ptpc_linear", "triton", ptpc_linear_triton, _needs_gpu)
+register("ptpc_linear", "triton", f"{_PTPC}:ptpc_linear_triton", why_not=needs_gpu)
+register("ptpc_linear", "hopper", f"{_PTPC}:ptpc_linear_triton", why_not=needs_hopper,
+         step_config=_HOPPER_RULES)

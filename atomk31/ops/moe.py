@@ -58,6 +58,7 @@ import torch
 
 from atomk31.ops.activation import situ_glu_torch
 from atomk31.ops.registry import register
+from atomk31.ops.requirements import READS_DEVICE, all_of, needs_compute, needs_gpu, needs_rocm
 from atomk31.quant import dequantize_mxfp4
 from atomk31.quant.mxfp8 import dequantize_mxfp8, quantize_mxfp8
 
@@ -242,36 +243,12 @@ def _run_experts(
 
 
 register("moe_route", "torch", moe_route_torch)
-register("moe_experts_mxfp4", "torch", moe_experts_mxfp4_torch)
-register("moe_experts_dense", "torch", moe_experts_dense_torch)
-
-
-# Triton implementations (atomk31/triton_kernels/moe_*.py), imported on first call.
-def _needs_gpu(device: torch.device) -> str | None:
-    return None if device.type == "cuda" else "needs a CUDA or ROCm GPU"
-
-
-def moe_route_triton(
-    x: torch.Tensor, router_weight: torch.Tensor, correction_bias: torch.Tensor, top_k: int,
-    renormalize: bool, scaling_factor: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    from atomk31.triton_kernels.moe_routing import moe_route_triton as kernel
-
-    return kernel(x, router_weight, correction_bias, top_k, renormalize, scaling_factor)
-
-
-def moe_experts_mxfp4_triton(
-    z: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-    w13_packed: torch.Tensor, w13_scales: torch.Tensor, w2_packed: torch.Tensor,
-    w2_scales: torch.Tensor, beta: float, linear_beta: float | None,
-    fp8_down_activations: bool = False, one_factor_exact: bool = False,
-) -> torch.Tensor:
-    from atomk31.triton_kernels.moe_grouped_gemm import moe_experts_mxfp4_triton as kernel
-
-    return kernel(z, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed, w2_scales,
-                  beta, linear_beta, fp8_down_activations=fp8_down_activations,
-                  one_factor_exact=one_factor_exact)
-
-
-register("moe_route", "triton", moe_route_triton, _needs_gpu)
-register("moe_experts_mxfp4", "triton", moe_experts_mxfp4_triton, _needs_gpu)
+register("moe_route", "triton", "atomk31.triton_kernels.moe_routing:moe_route_triton",
+         why_not=needs_gpu)
+register("moe_experts_mxfp4", "torch", moe_experts_mxfp4_torch, not_in_graph=READS_DEVICE)
+register("moe_experts_mxfp4", "triton",
+         "atomk31.triton_kernels.moe_grouped_gemm:moe_experts_mxfp4_triton", why_not=needs_gpu)
+register("moe_experts_mxfp4", "amd", "atomk31.ops.amd_adapters:moe_experts_mxfp4_flydsl",
+         why_not=all_of(needs_rocm(("gfx950",), "flydsl"), needs_compute(torch.bfloat16)),
+         not_in_graph="the FlyDSL launch reads its grid size back from the device")
+register("moe_experts_dense", "torch", moe_experts_dense_torch, not_in_graph=READS_DEVICE)

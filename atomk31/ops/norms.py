@@ -19,6 +19,7 @@ relative of a per-row loop; BF16 outputs equal the fp32 result rounded once.
 import torch
 
 from atomk31.ops.registry import register
+from atomk31.ops.requirements import all_of, needs_compute, needs_gpu, needs_rocm
 
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -70,21 +71,10 @@ def _check_weight(op: str, x: torch.Tensor, weight: torch.Tensor, name: str) -> 
 
 
 register("rms_norm", "torch", rms_norm_torch)
+register("rms_norm", "amd", "atomk31.ops.amd_adapters:rms_norm_aiter",
+         why_not=all_of(needs_rocm(("gfx950", "gfx942"), "aiter"),
+                        needs_compute(torch.bfloat16, torch.float16)))
 register("gated_rms_norm", "torch", gated_rms_norm_torch)
+register("gated_rms_norm", "triton", "atomk31.triton_kernels.gated_rms_norm:gated_rms_norm_triton",
+         why_not=needs_gpu)
 register("layer_norm", "torch", layer_norm_torch)
-
-
-# Triton implementation (atomk31/triton_kernels/gated_rms_norm.py), imported on first call.
-def _needs_gpu(device: torch.device) -> str | None:
-    return None if device.type == "cuda" else "needs a CUDA or ROCm GPU"
-
-
-def gated_rms_norm_triton(
-    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float
-) -> torch.Tensor:
-    from atomk31.triton_kernels.gated_rms_norm import gated_rms_norm_triton as kernel
-
-    return kernel(x, gate, weight, eps)
-
-
-register("gated_rms_norm", "triton", gated_rms_norm_triton, _needs_gpu)

@@ -8,7 +8,7 @@ the reference's results (``follow="reference"``, the default) so that every op i
 exactly the inputs the reference path would give it: differences do not compound from layer to
 layer, and the first op on the list is the culprit, not a victim.
 
-    table = ShadowOpTable(select_ops("triton", "cuda"), select_ops("torch", "cuda"))
+    table = ShadowOpTable(kernels.eager, torch_kernels.eager)   # two select_kernels tables
     ... run the model with `table` ...
     for op, stats in table.report(): print(op, stats)
 
@@ -67,10 +67,7 @@ class ShadowOpTable:
 
         return shadowed
 
-    def backend_of(self, op: str) -> str:
-        return f"{self.checked.backend_of(op)} vs {self.reference.backend_of(op)}"
-
-    def describe(self) -> list[tuple[str, str, str]]:
+    def describe(self) -> list[tuple[str, str, str, str, str]]:
         return self.checked.describe()
 
     def report(self) -> list[tuple[str, ShadowStats]]:

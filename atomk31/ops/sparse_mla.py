@@ -22,13 +22,11 @@ Also here: `softmax_attend`, the masked softmax-times-values step that `dense_ml
 
 import torch
 
-from atomk31.ops.kv_write import (
-    LATENT_DIM,
-    check_latent_cache,
-    read_latent,
-    why_triton_unavailable,
+from atomk31.ops.kv_write import LATENT_DIM, check_latent_cache, read_latent
+from atomk31.ops.registry import define_op, register
+from atomk31.ops.requirements import (
+    READS_DEVICE, all_of, needs_compute, needs_gpu, needs_hopper, needs_latent, needs_rocm,
 )
-from atomk31.ops.registry import register
 
 LATENT_VALUE_DIM = 512  # value = the compressed latent c only (§4.5)
 # Bound on the gathered [rows, k, 576] latent rows plus [rows, H, k] scores held at once
@@ -92,25 +90,33 @@ def sparse_mla_torch(
 sparse_mla = sparse_mla_torch
 
 
-def sparse_mla_triton(
-    q: torch.Tensor,
-    latent_cache: torch.Tensor,
-    latent_scale: float,
-    slots: torch.Tensor,
-    softmax_scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`sparse_mla` in Triton (atomk31/triton_kernels/sparse_mla.py): bf16 tensor-core
-    products with fp32 accumulation for bf16 queries over a bf16 / fp8 latent (within ~1e-2
-    relative of the torch result; FP16 products over an fp8 latent where the tiles choose
-    them, ~10x closer); float32 products when either side is float32. On Hopper, bf16 / fp16
-    queries over an FP8 latent run the warp-specialized Gluon kernel
-    (gluon_kernels/sparse_mla_hopper_ws.py: FP16 products of the FP8 latent and of the queries
-    scaled into FP16's range, fp32 sums), which ships in the triton wheel."""
-    from atomk31.triton_kernels.sparse_mla import sparse_mla_triton as launch
-
+def check_sparse_mla(q: torch.Tensor, latent_cache: torch.Tensor, latent_scale: float,
+                     slots: torch.Tensor, softmax_scale: float) -> None:
+    """The host-side argument check of `sparse_mla` (shapes and dtypes; no device reads)."""
     check_latent_cache(latent_cache, latent_scale)
-    return launch(q, latent_cache, latent_scale, slots, softmax_scale)
+    if slots.dim() != 2:
+        raise ValueError(f"slots must be [Nq, k], got {list(slots.shape)}")
+    check_mla_query(q, slots.shape[0])
 
 
-register("sparse_mla", "torch", sparse_mla_torch)
-register("sparse_mla", "triton", sparse_mla_triton, why_unavailable=why_triton_unavailable)
+# Query rows from which a call counts as "many rows" (prefill chunks): one workgroup per row
+# then fills a GPU (MI355X: 256 CUs) without splitting each row's keys.
+MANY_ROWS = 256
+
+
+def sparse_mla_rows(q: torch.Tensor, *args, **kwargs) -> str:
+    return "many_rows" if q.shape[0] >= MANY_ROWS else "few_rows"
+
+
+define_op("sparse_mla", check=check_sparse_mla, classify=sparse_mla_rows,
+          shapes={"few_rows": f"fewer than {MANY_ROWS} query rows (decode, verification)",
+                  "many_rows": f"{MANY_ROWS} query rows or more (prefill)"})
+register("sparse_mla", "torch", sparse_mla_torch, not_in_graph=READS_DEVICE)
+register("sparse_mla", "triton", "atomk31.triton_kernels.sparse_mla:sparse_mla_triton",
+         why_not=needs_gpu)
+register("sparse_mla", "hopper", "gluon_kernels.sparse_mla_hopper:sparse_mla_hopper",
+         why_not=all_of(needs_hopper, needs_latent(torch.float8_e4m3fn),
+                        needs_compute(torch.bfloat16, torch.float16)))
+register("sparse_mla", "amd", "flydsl_kernels.sparse_mla:sparse_mla_flydsl",
+         why_not=all_of(needs_rocm(("gfx950",), "flydsl"), needs_latent(torch.float8_e4m3fn)),
+         shapes=("many_rows",))

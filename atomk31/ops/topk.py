@@ -31,8 +31,8 @@ the block table and query rows), `group_rows_by_request` and `causal_slots_of_re
 
 import torch
 
-from atomk31.ops.kv_write import why_triton_unavailable
-from atomk31.ops.registry import register
+from atomk31.ops.registry import define_op, register
+from atomk31.ops.requirements import READS_DEVICE, needs_gpu, needs_rocm
 
 
 def check_paged_rows(
@@ -170,33 +170,26 @@ def topk_slots_torch(
     return positions_to_slots_torch(positions, block_table, row_request, block_size)
 
 
-def topk_positions_triton(scores: torch.Tensor, k: int, lengths: torch.Tensor) -> torch.Tensor:
-    """`topk_positions` as a Triton threshold select (atomk31/triton_kernels/topk.py); exact."""
-    from atomk31.triton_kernels.topk import topk_triton
-
-    return topk_triton(scores, k, lengths)
-
-
-def topk_slots_triton(
-    scores: torch.Tensor,
-    k: int,
-    lengths: torch.Tensor,
-    block_table: torch.Tensor,
-    row_request: torch.Tensor,
-    block_size: int,
-) -> torch.Tensor:
-    """`topk_slots` fused: the select's last stage writes cache slots directly; exact."""
-    from atomk31.triton_kernels.topk import topk_triton
-
-    return topk_triton(scores, k, lengths, block_table, row_request, block_size)
-
-
 topk_positions = topk_positions_torch
 positions_to_slots = positions_to_slots_torch
 
-register("topk_positions", "torch", topk_positions_torch)
+
+def check_topk(scores: torch.Tensor, k: int, lengths: torch.Tensor, *rest) -> None:
+    """The host-side argument check of `topk_positions` / `topk_slots` (no device reads)."""
+    if scores.dim() != 2 or lengths.shape != (scores.shape[0],) or k < 0:
+        raise ValueError(f"topk: expected scores [Nq, L], lengths [Nq] and k >= 0, got "
+                         f"{list(scores.shape)}, {list(lengths.shape)} and k={k}")
+
+
+define_op("topk_positions", check=check_topk)
+define_op("topk_slots", check=check_topk)
+register("topk_positions", "torch", topk_positions_torch, not_in_graph=READS_DEVICE)
+register("topk_positions", "triton", "atomk31.triton_kernels.topk:topk_triton",
+         why_not=needs_gpu)
+register("topk_positions", "amd", "gluon_kernels.radix_topk:topk_positions_gluon",
+         why_not=needs_rocm(("gfx950", "gfx942")))
 register("positions_to_slots", "torch", positions_to_slots_torch)
-register("topk_slots", "torch", topk_slots_torch)
-register("topk_positions", "triton", topk_positions_triton,
-         why_unavailable=why_triton_unavailable)
-register("topk_slots", "triton", topk_slots_triton, why_unavailable=why_triton_unavailable)
+register("topk_slots", "torch", topk_slots_torch, not_in_graph=READS_DEVICE)
+register("topk_slots", "triton", "atomk31.triton_kernels.topk:topk_triton", why_not=needs_gpu)
+register("topk_slots", "amd", "atomk31.ops.amd_adapters:topk_slots_radix",
+         why_not=needs_rocm(("gfx950", "gfx942")))

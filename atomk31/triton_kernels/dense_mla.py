@@ -34,7 +34,6 @@ from atomk31.triton_kernels.mla_launch import (
     choose_mla_tiles,
     launch_mla,
 )
-from atomk31.triton_kernels.sparse_mla import gluon_hopper_applies
 
 GROUPABLE_ROWS = (4, 2)  # rows per program tried, largest first
 
@@ -80,9 +79,7 @@ def dense_mla_triton(
                       scores_via_memory=scores_via_memory, value_splits=value_splits,
                       prefetch=prefetch, fp16_operands=fp16_operands)
     fixed = [name for name, value in tile_knobs.items() if value is not None]
-    if kernel is None:
-        kernel = "gluon_hopper_ws" if not fixed and gluon_hopper_applies(q, latent_cache) \
-            else "triton"
+    kernel = kernel or "triton"
     if kernel == "gluon_hopper_ws":
         if fixed:
             raise ValueError(f"kernel={kernel!r} takes num_splits only, got {fixed}")

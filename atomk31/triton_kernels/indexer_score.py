@@ -54,7 +54,6 @@ from atomk31.triton_kernels.kv_write import (
     fp8_group_quantize,
     mxfp4_group_quantize,
 )
-from atomk31.triton_kernels.runtime import launches_are_replayed
 
 INDEX_DIM = 128
 # The product's operand type per config.dot (the fp8 dots keep the keys' fp8 type).
@@ -211,23 +210,6 @@ def indexer_score_kernel(
                          mask=m_rows[:, None] & (o_s < chunk_end)[None, :])
 
 
-def default_kernel(q: torch.Tensor, index_values: torch.Tensor, index_scales: torch.Tensor,
-                   index_format: str, block_size: int, tuned: bool = False) -> str:
-    """The launcher's kernel when none is named: the Gluon Hopper kernel's exact fp16 products
-    ("gluon_hopper") for launches replayed from a CUDA graph (the engine's decode steps) where
-    it takes the inputs and no Triton configuration was asked for (`tuned`), else "triton".
-    H200, session 7 round 3 (graph ms, 16 requests x 4 rows): 0.031 / 0.165 / 1.265 at 16K /
-    128K / 1M against Triton's 0.031 / 0.176 / 1.354 (44% / 46% of copy bandwidth from 128K,
-    was 42% / 43%). Eager launches keep Triton: the Gluon launch costs ~70 us more host time
-    (0.248 vs 0.179 ms eager at 128K), and long prefills were not timed on it."""
-    if tuned or not q.is_cuda or torch.version.hip is not None or not launches_are_replayed():
-        return "triton"
-    from gluon_kernels.indexer_score_hopper_launch import why_not_hopper
-
-    reason = why_not_hopper(q, index_values, index_scales, index_format, block_size)
-    return "gluon_hopper" if reason is None else "triton"
-
-
 def indexer_score_triton(
     q: torch.Tensor,
     head_weights: torch.Tensor,
@@ -242,7 +224,7 @@ def indexer_score_triton(
     use_fp8_dot: bool = False,
     num_positions: int | None = None,
     config: IndexerScoreConfig | None = None,
-    kernel: str | None = None,
+    kernel: str = "triton",
 ) -> torch.Tensor:
     """Indexer scores [Nq, L] fp32, L = max(row_position) + 1 (contract: ops/indexer_score).
 
@@ -258,13 +240,10 @@ def indexer_score_triton(
       "gluon_hopper_ss" the same products from FP16 keys in shared memory (exact; slower on the
       H200, 0.189 vs 0.164 ms at 128K),
       "gluon_hopper_fp8_acc32" / "gluon_hopper_fp8" opt-in fp8 products outside the
-      tolerance); None: `default_kernel`. A Gluon kernel that cannot take the inputs
+      tolerance). A Gluon kernel that cannot take the inputs
       (`why_not_hopper`: not sm_90, MXFP4 keys, TMA's 16-byte stride rules) raises
       ValueError with the reason.
     """
-    if kernel is None:
-        kernel = default_kernel(q, index_values, index_scales, index_format, block_size,
-                                tuned=config is not None or use_fp8_dot)
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if kernel != "triton":

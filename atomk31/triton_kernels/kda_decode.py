@@ -27,15 +27,17 @@ L2_NORM_EPS = tl.constexpr(1e-6)
 def kda_recurrent_kernel(
     # pointers
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,       # [N, Tq, H, K|V], beta [N, Tq, H]
-    state_ptr,                                   # [N, H, K, V] fp32, the state before row 0
+    state_ptr,                                   # [N | S, H, K, V] fp32, the state before row 0
+    slots_ptr,                                   # [N] int64: request n's state row (HAS_SLOTS)
     o_ptr,                                       # [N, Tq, H, V]
-    states_out_ptr,                              # [N, Tq, H, K, V] or [N, H, K, V] (decode)
+    states_out_ptr,                              # [N, Tq, H, K, V] or the state itself (decode)
     # sizes
     num_rows, scale,
     # meta-parameters
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
     STORE_EVERY_ROW: tl.constexpr,               # verify: state after each row; decode: last
+    HAS_SLOTS: tl.constexpr,                     # the state is a pool indexed by slots_ptr
 ):
     i_n, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_k = tl.arange(0, BLOCK_K)
@@ -43,7 +45,8 @@ def kda_recurrent_kernel(
     m_k, m_v = o_k < K, o_v < V
     m_kv = m_k[:, None] & m_v[None, :]
     o_kv = o_k[:, None] * V + o_v[None, :]
-    p_state = state_ptr + (i_n * H + i_h).to(tl.int64) * K * V
+    i_state = tl.load(slots_ptr + i_n).to(tl.int64) if HAS_SLOTS else i_n.to(tl.int64)
+    p_state = state_ptr + (i_state * H + i_h) * K * V
     b_state = tl.load(p_state + o_kv, mask=m_kv, other=0.0)
     for i_t in range(num_rows):
         row = (i_n * num_rows + i_t).to(tl.int64) * H + i_h        # index of (n, t, h)
@@ -62,16 +65,16 @@ def kda_recurrent_kernel(
         if STORE_EVERY_ROW:
             tl.store(states_out_ptr + row * K * V + o_kv, b_state, mask=m_kv)
     if not STORE_EVERY_ROW:
-        tl.store(states_out_ptr + (i_n * H + i_h).to(tl.int64) * K * V + o_kv, b_state,
-                 mask=m_kv)
+        tl.store(states_out_ptr + (i_state * H + i_h) * K * V + o_kv, b_state, mask=m_kv)
 
 
 def _launch(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     state: torch.Tensor, states_out: torch.Tensor, o: torch.Tensor, num_rows: int, scale: float,
-    store_every_row: bool, block_v: int | None,
+    store_every_row: bool, block_v: int | None, state_slots: torch.Tensor | None = None,
 ) -> None:
-    num_requests, num_heads, head_dim, value_dim = state.shape
+    _, num_heads, head_dim, value_dim = state.shape
+    num_requests = q.shape[0]
     if block_v is None:
         # Small batches need more programs to keep the memory system busy.
         block_v = 32 if num_requests * num_heads < 2048 else 64
@@ -79,11 +82,12 @@ def _launch(
     grid = (num_requests, num_heads, triton.cdiv(value_dim, block_v))
     if num_requests == 0 or num_rows == 0:
         return
+    slots = state_slots if state_slots is not None else state  # (unread without slots)
     kda_recurrent_kernel[grid](
-        q, k, v, g, beta, state, o, states_out, num_rows, scale,
+        q, k, v, g, beta, state, slots, o, states_out, num_rows, scale,
         H=num_heads, K=head_dim, V=value_dim,
         BLOCK_K=triton.next_power_of_2(head_dim), BLOCK_V=block_v,
-        STORE_EVERY_ROW=store_every_row, num_warps=4,
+        STORE_EVERY_ROW=store_every_row, HAS_SLOTS=state_slots is not None, num_warps=4,
     )
 
 
@@ -95,19 +99,24 @@ def kda_decode_triton(
     beta: torch.Tensor,
     state: torch.Tensor,
     scale: float,
+    state_slots: torch.Tensor | None = None,
     block_v: int | None = None,
 ) -> torch.Tensor:
-    """One decode step per request; ``state`` [N, H, K, V] fp32 is updated in place.
+    """One decode step per request; the state is updated in place: ``state`` [N, H, K, V]
+    fp32, or with ``state_slots`` (int64 [N], distinct) the rows ``state_slots`` of the pool
+    ``state`` [S, H, K, V].
 
     q, k, g: [N, H, K]; v: [N, H, V]; beta: [N, H] -> o [N, H, V] in v.dtype.
     ``block_v`` (value channels per program) is a tuning knob for benchmarks.
     """
-    _check_recurrent_inputs("kda_decode", (q, k, v, g, beta), state, leading=q.shape[:1])
+    _check_recurrent_inputs("kda_decode", (q, k, v, g, beta), state, leading=q.shape[:1],
+                            pooled=state_slots is not None)
     o = torch.empty_like(v)
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     # Each program reads its own [K, BLOCK_V] slice before it writes it back, so the state
     # can be its own output.
-    _launch(q, k, v, g, beta, state, state, o, 1, scale, store_every_row=False, block_v=block_v)
+    _launch(q, k, v, g, beta, state, state, o, 1, scale, store_every_row=False, block_v=block_v,
+            state_slots=None if state_slots is None else state_slots.contiguous())
     return o
 
 
@@ -140,7 +149,8 @@ def kda_verify_triton(
 
 
 def _check_recurrent_inputs(
-    op: str, inputs: tuple[torch.Tensor, ...], state: torch.Tensor, leading: torch.Size
+    op: str, inputs: tuple[torch.Tensor, ...], state: torch.Tensor, leading: torch.Size,
+    pooled: bool = False,
 ) -> None:
     """Shapes and dtypes only: no value checks, so decode never synchronises with the host."""
     if state.dim() != 4 or state.dtype != torch.float32 or not state.is_contiguous():
@@ -156,5 +166,5 @@ def _check_recurrent_inputs(
         if tuple(arrived[name].shape) != shape:
             raise ValueError(f"{op}: {name} must have shape {list(shape)} to match state "
                              f"{list(state.shape)}, got {list(arrived[name].shape)}")
-    if leading[0] != state.shape[0]:
+    if not pooled and leading[0] != state.shape[0]:
         raise ValueError(f"{op}: state has N={state.shape[0]} requests, inputs have {leading[0]}")

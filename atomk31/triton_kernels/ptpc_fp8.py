@@ -34,11 +34,11 @@ import triton
 import triton.language as tl
 
 from atomk31.triton_kernels.ptpc_fp8_config import (  # noqa: F401 (the config API, re-exported)
-    INTERPRETER_CONFIG, GemmConfig, GemmTarget, current_target, pick_config_for_target,
-    split_k_to_fill,
+    INTERPRETER_CONFIG, GemmConfig, GemmTarget, HopperGemmRule, current_target,
+    pick_config_for_target, split_k_to_fill,
 )
 from atomk31.triton_kernels.ptpc_fp8_tma import can_use_tma, launch_ptpc_gemm_tma, store_scaled
-from atomk31.triton_kernels.runtime import launches_are_replayed, runs_on_interpreter
+from atomk31.triton_kernels.runtime import runs_on_interpreter
 
 # §6.5: the dynamic per-token activation scale floors amax at 1e-12.
 MIN_AMAX = tl.constexpr(1e-12)
@@ -204,13 +204,16 @@ def launch_ptpc_gemm_gluon_hopper(a: torch.Tensor, w_q: torch.Tensor, a_scale: t
 INTERPRETER_PERSISTENT_PROGRAMS = 3
 
 
-def pick_config(m: int, n: int, k: int) -> GemmConfig:
-    """The launcher's tile choice: ``pick_config_for_target`` for the current target and
-    whether the launch will be replayed from a CUDA graph (one small config under the
-    interpreter)."""
+def pick_config(m: int, n: int, k: int, hopper: HopperGemmRule | None = None) -> GemmConfig:
+    """The launcher's tile choice: ``pick_config_for_target`` for the current target (one
+    small config under the interpreter). Portable (the pointer kernel) unless ``hopper`` asks
+    for the sm_90 rules (the TMA and Gluon kernels, for eager or graph-replayed launches)."""
     if runs_on_interpreter(ptpc_gemm_kernel):
         return INTERPRETER_CONFIG
-    return pick_config_for_target(m, n, k, current_target(), launches_are_replayed())
+    target = current_target()
+    if hopper is None:
+        return pick_config_for_target(m, n, k, dataclasses.replace(target, has_tma_ws=False))
+    return pick_config_for_target(m, n, k, target, hopper.replayed)
 
 
 def ptpc_quantize_triton(
@@ -242,10 +245,12 @@ def ptpc_linear_quantized_triton(
     w_q: torch.Tensor,
     w_scale: torch.Tensor,
     out_dtype: torch.dtype = torch.bfloat16,
-    config: GemmConfig | None = None,
+    config: GemmConfig | HopperGemmRule | None = None,
 ) -> torch.Tensor:
     """x_q: [..., K] fp8; x_scale: fp32 [...]; w_q: [N, K] fp8; w_scale: fp32 [N]
-    -> [..., N] in out_dtype. ``config`` overrides the tile choice (tests, benchmarks)."""
+    -> [..., N] in out_dtype. ``config``: a GemmConfig overrides the tile choice (tests,
+    benchmarks); a HopperGemmRule picks tiles by the sm_90 rules (the ``hopper`` target's
+    implementation); None: the portable pointer kernel's tiles."""
     if w_q.dim() != 2 or x_q.shape[-1] != w_q.shape[1] or w_scale.shape != (w_q.shape[0],) \
             or x_scale.shape != x_q.shape[:-1]:
         raise ValueError(f"ptpc_linear: expected x_q [..., K], x_scale [...], w_q [N, K] and "
@@ -258,8 +263,8 @@ def ptpc_linear_quantized_triton(
         a = a.contiguous()
     if w_q.stride(-1) != 1:
         w_q = w_q.contiguous()
-    if config is None:
-        config = pick_config(m, n, k)
+    if config is None or isinstance(config, HopperGemmRule):
+        config = pick_config(m, n, k, config)
         if (config.tma and not can_use_tma(a, w_q)) or (config.kernel == "gluon_hopper" and
                                                         not gluon_hopper_fits(a, w_q, out_dtype)):
             # unaligned rows (or e4m3fnuz for Gluon): the pointer kernel
@@ -302,8 +307,10 @@ def ptpc_linear_quantized_triton(
 
 
 def ptpc_linear_triton(
-    x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor
+    x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+    config: GemmConfig | HopperGemmRule | None = None,
 ) -> torch.Tensor:
-    """x: [..., K] -> [..., N] in x.dtype: per-token quantization, then the scaled GEMM."""
+    """x: [..., K] -> [..., N] in x.dtype: per-token quantization, then the scaled GEMM
+    (``config`` as in ``ptpc_linear_quantized_triton``)."""
     x_q, x_scale = ptpc_quantize_triton(x, w_q.dtype)
-    return ptpc_linear_quantized_triton(x_q, x_scale, w_q, w_scale, x.dtype)
+    return ptpc_linear_quantized_triton(x_q, x_scale, w_q, w_scale, x.dtype, config)

@@ -73,6 +73,19 @@ MIN_K_TILES_PER_SPLIT = 4
 
 
 @dataclass(frozen=True)
+class HopperGemmRule:
+    """The sm_90 tile rules (the TMA and Gluon kernels) instead of the portable pointer
+    kernel's: ``replayed`` for launches replayed from a CUDA graph, which cost no host time
+    (the Gluon kernel's rule then drops its FLOP floor)."""
+
+    replayed: bool = False
+
+
+HOPPER_EAGER_RULE = HopperGemmRule(replayed=False)
+HOPPER_GRAPH_RULE = HopperGemmRule(replayed=True)
+
+
+@dataclass(frozen=True)
 class GemmTarget:
     """What the tile choice needs to know about the GPU. ``has_tma_ws``: Hopper (sm_90), where
     the TMA kernel and Triton's warp specialization for it exist."""
@@ -185,7 +198,7 @@ HOPPER_GLUON_CONFIG = GemmConfig(128, 128, 128, num_stages=4, persistent=True,
 HOPPER_GLUON_NO_OVERLAP_CONFIG = dataclasses.replace(HOPPER_GLUON_CONFIG, overlap_epilogue=False)
 
 
-# Launches replayed from a CUDA graph (the engine's decode steps, `launches_are_replayed`) cost
+# Launches replayed from a CUDA graph (the engine's decode steps, HOPPER_GRAPH_RULE) cost
 # no host time, so there the rule drops the FLOP floor and takes the Gluon kernel's 128 x 128
 # tiles once they fill HOPPER_GLUON_MIN_FILL of the SMs: at one wave or less
 # (HOPPER_GLUON_ONE_WAVE_CONFIG) in 6 stages and without the overlapped epilogue (no next tile

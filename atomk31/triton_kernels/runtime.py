@@ -1,9 +1,4 @@
-"""What a launcher needs to know about where its kernel runs, and whether its launches will be
-replayed from a CUDA graph."""
-
-import contextlib
-import contextvars
-from collections.abc import Iterator
+"""What a launcher needs to know about where its kernel runs."""
 
 import torch
 from triton.runtime import driver
@@ -28,27 +23,3 @@ def dot_precision(kernel: object, dtype: torch.dtype) -> str:
         return "ieee"
     target = driver.active.get_current_target()
     return "tf32" if target.backend == "cuda" or target.arch == "gfx942" else "ieee"
-
-
-# Set while the engine warms up and captures a CUDA graph (atomk31/engine/cuda_graphs.py) and
-# while a benchmark times graph replays: the launches then cost no host time at replay, so a
-# launcher may choose a kernel whose launch is slow on the host (the Gluon kernels' JIT
-# dispatch) for its GPU time alone. A context variable, so threads do not see each other's.
-_replayed_launches: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "atomk31_replayed_launches", default=False)
-
-
-def launches_are_replayed() -> bool:
-    """True inside ``replayed_launches()``: the launches being made will be replayed from a
-    CUDA graph (warm-up and capture both say so, so that they compile the same kernels)."""
-    return _replayed_launches.get()
-
-
-@contextlib.contextmanager
-def replayed_launches() -> Iterator[None]:
-    """Mark the launches made inside as graph-replayed (see ``launches_are_replayed``)."""
-    token = _replayed_launches.set(True)
-    try:
-        yield
-    finally:
-        _replayed_launches.reset(token)

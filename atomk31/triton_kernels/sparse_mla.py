@@ -70,9 +70,7 @@ def sparse_mla_triton(
                       num_warps=num_warps, scores_via_memory=scores_via_memory,
                       value_splits=value_splits, prefetch=prefetch, fp16_operands=fp16_operands)
     fixed = [name for name, value in tile_knobs.items() if value is not None]
-    if kernel is None:
-        kernel = "gluon_hopper_ws" if not fixed and gluon_hopper_applies(q, latent_cache) \
-            else "triton"
+    kernel = kernel or "triton"
     if kernel in ("gluon_hopper", "gluon_hopper_ws"):
         from gluon_kernels.sparse_mla_hopper import sparse_mla_hopper
 

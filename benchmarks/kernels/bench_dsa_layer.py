@@ -7,12 +7,11 @@ read the same paged caches. Figure: the dense time over the DSA time, with each 
 timed alone; also each path's time as a ratio to its own roofline floor in the same run
 (bytes over the copy bandwidth, FLOPs over the BF16 GEMM rate, whichever is larger).
 
-Two timings of each: eager launches (`time_ms`) and replayed from a CUDA graph
-(`time_graph_ms`, captured inside `replayed_launches()` as the engine captures its decode steps:
-the launchers pick their graph kernels, e.g. the Gluon indexer on Hopper), which is what a
-captured decode step pays; up to ~128K the DSA layer's eager time is mostly host launch overhead
-(several kernels of a few microseconds each). On Hopper the MLA kernels are Gluon (sparse and
-dense: the warp-specialized kernel; gluon_kernels/), the rest Triton.
+Two timings of each, through the engine's own kernel tables (`engine_kernels`): eager launches
+of the eager table (`time_ms`), and the graph table's kernels replayed from a CUDA graph
+(`time_graph_ms`: e.g. the Gluon indexer on Hopper), which is what a captured decode step pays;
+up to ~128K the DSA layer's eager time is mostly host launch overhead (several kernels of a few
+microseconds each). `atomk31 info` lists which kernel each table runs.
 
 Usage: python -m benchmarks.kernels.bench_dsa_layer [--out DIR] [--contexts 16384 ...]
 """
@@ -24,13 +23,8 @@ from pathlib import Path
 
 import torch
 
-from atomk31.triton_kernels.dense_mla import dense_mla_triton
-from atomk31.triton_kernels.indexer_score import indexer_score_triton
-from atomk31.triton_kernels.kv_write import kv_write_triton
-from atomk31.triton_kernels.sparse_mla import sparse_mla_triton
-from atomk31.triton_kernels.topk import topk_triton
-from benchmarks.common import (measure_copy_bandwidth, measure_matmul_rate, time_graph_ms, time_ms,
-                               write_result)
+from benchmarks.common import (engine_kernels, measure_copy_bandwidth, measure_matmul_rate,
+                               time_graph_ms, time_ms, write_result)
 from benchmarks.kernels.bench_dense_mla import make_block_table, make_latent_cache
 from benchmarks.kernels.bench_indexer_score import make_index_cache
 
@@ -46,9 +40,10 @@ CONTEXTS = [16384, 32768, 65536, 131072, 262144, 524288, 1048576]
 
 
 def layer_steps(context: int, latent: torch.Tensor, values: torch.Tensor,
-                scales: torch.Tensor) -> dict:
-    """Closures for each stage of one decode step at `context` (inputs built once), given
-    the host-side hints the engine gives (largest position, 4 rows per request)."""
+                scales: torch.Tensor, ops) -> dict:
+    """Closures for each stage of one decode step at `context` (inputs built once) through
+    the op table ``ops`` (the engine's eager or graph table: the kernels the engine runs),
+    given the host-side hints the engine gives (largest position, 4 rows per request)."""
     device = DEVICE
     block_table = make_block_table(NUM_REQUESTS, context, device)
     row_request = torch.arange(NUM_REQUESTS, device=device, dtype=torch.int32)
@@ -67,33 +62,33 @@ def layer_steps(context: int, latent: torch.Tensor, values: torch.Tensor,
     k = min(TOP_K, context)
 
     def write() -> None:
-        kv_write_triton(new_latent, new_key, slot_mapping, latent, 1.0, values, scales, "fp8",
-                        "e4m3fn")
+        ops.kv_write(new_latent, new_key, slot_mapping, latent, 1.0, values, scales, "fp8",
+                     "e4m3fn")
 
     def score() -> torch.Tensor:
-        return indexer_score_triton(q_index, head_weights, values, scales, "fp8", "e4m3fn",
-                                    block_table, row_request, row_position, BLOCK_SIZE,
-                                    num_positions=context)
+        return ops.indexer_score(q_index, head_weights, values, scales, "fp8", "e4m3fn",
+                                 block_table, row_request, row_position, BLOCK_SIZE,
+                                 num_positions=context)
 
     scores = score()
 
     def select() -> torch.Tensor:
-        return topk_triton(scores, k, lengths, block_table, row_request, BLOCK_SIZE)
+        return ops.topk_slots(scores, k, lengths, block_table, row_request, BLOCK_SIZE)
 
     slots = select()
 
     def attend_sparse() -> tuple[torch.Tensor, torch.Tensor]:
-        return sparse_mla_triton(q, latent, 1.0, slots, SOFTMAX_SCALE)
+        return ops.sparse_mla(q, latent, 1.0, slots, SOFTMAX_SCALE)
 
     def attend_dense() -> tuple[torch.Tensor, torch.Tensor]:
-        return dense_mla_triton(q, latent, 1.0, block_table, row_request, row_position,
-                                BLOCK_SIZE, SOFTMAX_SCALE, max_position=context - 1,
-                                rows_per_request=ROWS_PER_REQUEST)
+        return ops.dense_mla(q, latent, 1.0, block_table, row_request, row_position,
+                             BLOCK_SIZE, SOFTMAX_SCALE, max_position=context - 1,
+                             rows_per_request=ROWS_PER_REQUEST)
 
     def dsa() -> None:
         write()
-        sel = topk_triton(score(), k, lengths, block_table, row_request, BLOCK_SIZE)
-        sparse_mla_triton(q, latent, 1.0, sel, SOFTMAX_SCALE)
+        sel = ops.topk_slots(score(), k, lengths, block_table, row_request, BLOCK_SIZE)
+        ops.sparse_mla(q, latent, 1.0, sel, SOFTMAX_SCALE)
 
     def dense() -> None:
         write()
@@ -124,12 +119,14 @@ def run(contexts: list[int], copy_bw: float, matmul_rate: float) -> list[dict]:
     latent = make_latent_cache(num_blocks, DEVICE)
     values, scales = make_index_cache(num_blocks, "fp8", DEVICE)
     results = []
+    kernels = engine_kernels(DEVICE)
     for context in contexts:
-        steps = layer_steps(context, latent, values, scales)
+        eager_steps = layer_steps(context, latent, values, scales, kernels.eager)
+        graph_steps = layer_steps(context, latent, values, scales, kernels.graph)
         result = {"context": context}
-        for name, fn in steps.items():
+        for name, fn in eager_steps.items():
             result[f"{name}_ms"] = time_ms(fn)
-            result[f"{name}_graph_ms"] = time_graph_ms(fn, replayed=True)
+            result[f"{name}_graph_ms"] = time_graph_ms(graph_steps[name])
         result["speedup_dsa_vs_dense"] = result["dense_layer_ms"] / result["dsa_layer_ms"]
         result["speedup_dsa_vs_dense_graph"] = (result["dense_layer_graph_ms"]
                                                 / result["dsa_layer_graph_ms"])

@@ -52,9 +52,10 @@ def large_m(n: int, m: int) -> bool:
 def replayed_default(default, m: int, n: int, k: int):
     """The launcher's choice for a launch replayed from a CUDA graph (the engine's decode steps:
     ptpc_fp8_config.gluon_config_on_hopper's replayed rule, no FLOP floor)."""
-    from atomk31.triton_kernels.ptpc_fp8_config import current_target, pick_config_for_target
+    from atomk31.triton_kernels.ptpc_fp8 import pick_config
+    from atomk31.triton_kernels.ptpc_fp8_config import HOPPER_GRAPH_RULE
 
-    return pick_config_for_target(m, n, k, current_target(), replayed=True)
+    return pick_config(m, n, k, HOPPER_GRAPH_RULE)
 
 
 def hopper_variants(n: int, m: int) -> list[Variant]:

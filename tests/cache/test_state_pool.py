@@ -32,7 +32,7 @@ def test_spec_rejects_wrong_conv_channels() -> None:
 
 def test_pool_shapes_and_dtypes() -> None:
     pool = KDAStatePool(SMALL, num_slots=5, device="cpu")
-    assert tuple(pool.conv.shape) == (3, 5, 3, 3, 8) and pool.conv.dtype == torch.bfloat16
+    assert tuple(pool.conv.shape) == (3, 5, 3, 24) and pool.conv.dtype == torch.bfloat16
     assert tuple(pool.recurrent.shape) == (3, 5, 2, 4, 4)
     assert pool.recurrent.dtype == torch.float32
     allocated = pool.conv.numel() * 2 + pool.recurrent.numel() * 4

@@ -17,6 +17,8 @@ from atomk31.engine.cuda_graphs import (
     GRAPH_BATCH_SIZES, MIN_GRAPH_CONTEXT, DecodeGraphs, DecodeInputs, context_buckets,
     graph_batch_size, why_no_decode_graphs,
 )
+from atomk31.info import RELEASE_OPS
+from atomk31.ops import KernelContext, Kernels, Target, select_kernels
 
 
 def random_prompts(lengths, seed=0, vocab=768):
@@ -33,13 +35,20 @@ def test_graph_batch_size(requests, max_batch, expected):
     assert expected is None or expected in GRAPH_BATCH_SIZES
 
 
+def kernels_for(target: str, backend: str = "auto"):
+    return select_kernels(backend, KernelContext.default_for(Target.named(target)))
+
+
 def test_why_no_decode_graphs():
-    gpu, cpu = torch.device("cuda"), torch.device("cpu")
-    assert why_no_decode_graphs(gpu, "auto", enforce_eager=False) is None
-    assert why_no_decode_graphs(gpu, "triton", enforce_eager=False) is None
-    assert why_no_decode_graphs(gpu, "auto", enforce_eager=True) == "--enforce-eager"
-    assert why_no_decode_graphs(gpu, "torch", enforce_eager=False) == "the torch kernel backend"
-    assert why_no_decode_graphs(cpu, "auto", enforce_eager=False) == "no GPU"
+    release = RELEASE_OPS
+    assert why_no_decode_graphs(kernels_for("sm90"), False, release) is None
+    assert why_no_decode_graphs(kernels_for("sm90", "triton"), False, release) is None
+    assert why_no_decode_graphs(kernels_for("gfx950"), False, release) is None
+    assert why_no_decode_graphs(kernels_for("sm90"), True, release) == "--enforce-eager"
+    assert why_no_decode_graphs(kernels_for("sm90", "torch"), False, release).startswith(
+        "op conv_state_after has no implementation a graph may capture (torch "
+        "conv_state_after_torch: reads tensor values on the host")
+    assert why_no_decode_graphs(kernels_for("cpu"), False, release) == "no GPU"
 
 
 def test_context_buckets_include_the_topk_edge_and_the_context_length():
@@ -59,9 +68,10 @@ class Item:
 
 
 def test_shape_for_takes_decode_steps_only():
-    graphs = DecodeGraphs(lambda batch: None, block_size=16, max_batch=8, max_context=1000,
-                          split_points=[64], scratch_block=0, scratch_slot=0,
-                          device=torch.device("cpu"), copy_state=lambda src, dst: None)
+    graphs = DecodeGraphs(lambda batch, ops: None, kernels_for("cpu"), block_size=16,
+                          max_batch=8, max_context=1000, split_points=[64], scratch_block=0,
+                          scratch_slot=0, backup_slot=1, device=torch.device("cpu"),
+                          copy_state=lambda src, dst: None)
     assert graphs.shape_for([Item(10), Item(63)]) == (2, 64)
     assert graphs.shape_for([Item(10), Item(64)]) == (2, 256)      # position 64: 65 keys
     assert graphs.shape_for([Item(999)] * 3) == (4, 1008)
@@ -93,9 +103,10 @@ def test_run_replays_fills_inputs_takes_snapshots_and_keeps_the_recent_graphs(mo
     """run() without a GPU: a stub capture stands in for CUDA's; the rest is the real path."""
     monkeypatch.setattr(cuda_graphs, "MAX_GRAPHS", 2)
     copies: list[tuple[int, int]] = []
-    graphs = DecodeGraphs(lambda batch: None, block_size=16, max_batch=8, max_context=1000,
-                          split_points=[64], scratch_block=99, scratch_slot=7,
-                          device=torch.device("cpu"), copy_state=lambda *slots: copies.append(slots))
+    graphs = DecodeGraphs(lambda batch, ops: None, kernels_for("cpu"), block_size=16,
+                          max_batch=8, max_context=1000, split_points=[64], scratch_block=99,
+                          scratch_slot=7, backup_slot=8, device=torch.device("cpu"),
+                          copy_state=lambda *slots: copies.append(slots))
     captured = []
 
     def capture(batch, context):
@@ -105,6 +116,7 @@ def test_run_replays_fills_inputs_takes_snapshots_and_keeps_the_recent_graphs(mo
         return cuda_graphs._Graph(inputs, graph, graph.logits)
 
     monkeypatch.setattr(graphs, "_capture", capture)
+    monkeypatch.setattr(graphs, "_replay_agrees", lambda graph, item, shape: True)
     step = [decode_item(20, 3), decode_item(47, 5, snapshots=[(1, 11, 0xabc)])]
     logits = graphs.run(step)
     assert captured == [(2, 64)] and logits.shape == (2, 3) and (logits == 1).all()

@@ -5,12 +5,14 @@ implementation on the same inputs: the test that names the kernel when the engin
 float32 comparison (test_llm_vs_reference.py) fails.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
 from atomk31 import LLM, SamplingParams
 from atomk31.engine import llm_engine
-from atomk31.ops import registry, select_ops
+from atomk31.ops import KernelContext, Target, registry, select_kernels
 from atomk31.ops.shadow import ShadowOpTable
 
 FLOAT32_TOLERANCE = 1e-5  # of the largest |value| of each output: float32-exact kernels
@@ -37,7 +39,8 @@ def _tables():
     reg.register("scale", "triton", scale_off)
     reg.register("topk_slots", "torch", ids_torch)
     reg.register("topk_slots", "triton", ids_reordered)
-    return reg.select_ops("triton", "cpu"), reg.select_ops("torch", "cpu")
+    gpu = KernelContext(Target.named("sm80"))       # a GPU target: no device is touched
+    return reg.select_kernels("triton", gpu).eager, reg.select_kernels("torch", gpu).eager
 
 
 def test_shadow_records_each_op_and_hands_on_the_reference_results():
@@ -71,9 +74,14 @@ def test_shadow_can_follow_the_checked_backend():
 
 @pytest.mark.gpu
 def test_every_triton_op_matches_torch_in_the_float32_engine(tiny_checkpoint, monkeypatch):
-    device = torch.device("cuda")
-    table = ShadowOpTable(select_ops("triton", device), select_ops("torch", device))
-    monkeypatch.setattr(llm_engine, "select_ops", lambda backend, dev: table)
+    real_select = llm_engine.select_kernels
+
+    def shadowed(backend, context):
+        kernels = real_select("triton", context)
+        table = ShadowOpTable(kernels.eager, real_select("torch", context).eager)
+        shadowed.table = table
+        return dataclasses.replace(kernels, eager=table)
+    monkeypatch.setattr(llm_engine, "select_kernels", shadowed)
     # eager: the shadow table reads both results on the host, which a graph capture cannot
     llm = LLM(tiny_checkpoint, block_size=16, dtype="float32", kv_cache_dtype="fp32",
               kernel_backend="triton", device="cuda", kv_cache_memory=512 << 20,
@@ -82,7 +90,7 @@ def test_every_triton_op_matches_torch_in_the_float32_engine(tiny_checkpoint, mo
     # 1 token, a block boundary, past index_topk (64) so top-k and sparse MLA run
     prompts = [torch.randint(0, 768, (n,), generator=generator).tolist() for n in (1, 17, 130)]
     llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
-    report = table.report()
+    report = shadowed.table.report()
     lines = [f"{op}: {s.max_rel:.2e} of max (abs {s.max_abs:.2e}, {s.calls} calls, {s.worst})"
              for op, s in report]
     print("\n".join(lines))

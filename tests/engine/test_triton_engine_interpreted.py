@@ -23,14 +23,18 @@ PROMPT_LENGTHS = (1, 7, 40)  # with 2 new tokens, all under index_topk = 64
 def triton_on_cpu(monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("interpreter test: runs where no GPU is visible (the gpu tests cover this)")
-    monkeypatch.setattr(registry._Implementation, "reason_unusable", lambda self, device: None)
+    real = registry.Implementation.reason_against
+
+    def triton_on_any_device(self, context, step, shape):
+        return None if self.target == "triton" else real(self, context, step, shape)
+    monkeypatch.setattr(registry.Implementation, "reason_against", triton_on_any_device)
 
 
 def test_float32_engine_on_interpreted_triton_kernels_equals_reference(
         tiny_checkpoint, record_logits, pools_free, triton_on_cpu):
     llm = LLM(tiny_checkpoint, block_size=16, dtype="float32", kv_cache_dtype="fp32",
               kernel_backend="triton", device="cpu", kv_cache_memory=256 << 20)
-    backends = {op: backend for op, backend, _ in llm.engine.ops.describe()}
+    backends = {op: target for op, _, target, _, _ in llm.engine.kernels.eager.describe()}
     assert backends["dense_mla"] == "triton" and backends["kda_prefill"] == "triton", backends
     recorder = record_logits(llm)
     generator = torch.Generator().manual_seed(0)

@@ -216,32 +216,6 @@ def test_exact_many_row_tiles_share_the_sms(product):
 
 @pytest.mark.gpu
 @hopper
-def test_default_kernel_is_gluon_for_replayed_fp8_launches():
-    """On Hopper the default is the Gluon kernel's exact products for launches replayed from a
-    CUDA graph (FP8 keys), Triton for eager launches and MXFP4 keys; the replayed default's
-    scores are the contract's."""
-    from atomk31.triton_kernels.indexer_score import default_kernel, indexer_score_triton
-    from atomk31.triton_kernels.runtime import replayed_launches
-
-    block_table, values, scales, gpu_values, gpu_scales = build_cache([300, 70], 128, seed=21)
-    row_request, row_position, q, weights = make_rows([(0, 299), (1, 69), (0, 298)], seed=22)
-    q_gpu = q.cuda()
-    assert default_kernel(q_gpu, gpu_values, gpu_scales, "fp8", 128) == "triton"
-    mxfp4 = torch.zeros(2, 128, 64, dtype=torch.uint8, device=DEVICE)
-    mxfp4_scales = torch.zeros(2, 128, 4, dtype=torch.uint8, device=DEVICE)
-    with replayed_launches():
-        assert default_kernel(q_gpu, gpu_values, gpu_scales, "fp8", 128) == "gluon_hopper"
-        assert default_kernel(q_gpu, mxfp4, mxfp4_scales, "mxfp4", 128) == "triton"
-        got = indexer_score_triton(q_gpu, weights.cuda(), gpu_values, gpu_scales, "fp8",
-                                   "e4m3fn", block_table.cuda(), row_request.cuda(),
-                                   row_position.cuda(), 128, num_positions=300)
-    want = indexer_score_torch(q, weights, values, scales, "fp8", "e4m3fn", block_table,
-                               row_request, row_position, 128)
-    assert_scores_close("scores", got.cpu(), want)
-
-
-@pytest.mark.gpu
-@hopper
 @pytest.mark.parametrize("kernel", ["gluon_hopper", "gluon_hopper_ss"])
 def test_through_the_triton_launcher(kernel):
     from atomk31.triton_kernels.indexer_score import indexer_score_triton

@@ -66,20 +66,6 @@ def test_every_launch_shape_fits_shared_memory(product, rows):
     assert kernel.shared_bytes(rows, NUM_HEADS, stages, product) <= kernel.MAX_SHARED_BYTES
 
 
-def test_default_kernel_off_hopper_and_when_tuned_is_triton():
-    """The launcher's default: Triton for CPU tensors (even inside replayed launches) and
-    whenever a Triton configuration is asked for; no Gluon import needed to decide."""
-    from atomk31.triton_kernels.indexer_score import default_kernel
-    from atomk31.triton_kernels.runtime import replayed_launches
-
-    q = torch.zeros(4, NUM_HEADS, 128)
-    values = torch.zeros(2, 64, 128, dtype=torch.float8_e4m3fn)
-    scales = torch.zeros(2, 64)
-    with replayed_launches():
-        assert default_kernel(q, values, scales, "fp8", 64) == "triton"
-    assert default_kernel(q, values, scales, "fp8", 64, tuned=True) == "triton"
-
-
 COMPILE_SCRIPT = r"""
 import contextlib, io, json, os, re, subprocess, sys, tempfile
 import triton

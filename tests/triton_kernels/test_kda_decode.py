@@ -43,6 +43,28 @@ def test_kda_decode_triton_matches_torch(num_requests, value_dim):
     assert_relative_close("state", state, expected_state, CPU_TOLERANCE)
 
 
+@pytest.mark.parametrize("num_requests", [1, 3], ids=["N1", "N3"])
+def test_kda_decode_triton_updates_a_state_pool_through_its_slots(num_requests):
+    """The engine's decode: the rows ``slots`` of a layer's pool, updated where they lie;
+    every other slot untouched (issue 17: no gather and scatter per step)."""
+    q, k, v, g, beta, state = random_steps(num_requests, 1, 2, 128, 64, seed=7)
+    pool = torch.randn(7, 2, 128, 64, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    slots = torch.tensor([5, 0, 3][:num_requests], device=DEVICE)
+    pool[slots] = state
+    expected_pool = pool.clone()
+    expected = kda_decode_torch(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], expected_pool,
+                                0.3, state_slots=slots)
+    rows = pool[slots].clone()
+    unpooled = kda_decode_torch(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], rows, 0.3)
+    assert torch.equal(expected, unpooled) and torch.equal(expected_pool[slots], rows)
+    o = kda_decode_triton(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], pool, 0.3,
+                          state_slots=slots)
+    assert_relative_close("o", o, expected, CPU_TOLERANCE)
+    assert_relative_close("pool", pool, expected_pool, CPU_TOLERANCE)
+    others = [i for i in range(7) if i not in slots.tolist()]
+    assert torch.equal(pool[others], expected_pool[others])
+
+
 def test_kda_decode_triton_takes_strided_views_of_a_fused_projection():
     q, k, v, g, beta, state = random_steps(2, 1, 2, 128, 128, seed=2)
     fused = torch.stack([q[:, 0], k[:, 0], v[:, 0]], dim=1)       # [N, 3, H, K]

@@ -247,6 +247,31 @@ def test_conv_state_after_triton_matches_torch():
                        expected)
 
 
+@pytest.mark.parametrize("lengths", [[1, 1, 1], [5, 0, 2, 40]], ids=["decode", "varlen"])
+def test_short_conv_silu_triton_reads_and_writes_a_pool_through_its_slots(lengths):
+    """The engine's call: the batch's requests are rows ``slots`` of a layer's conv pool
+    (issue 17: updated where they lie); other slots untouched; the snapshot rows equal."""
+    z, weight, conv_state, bounds, has_state = conv_inputs(lengths, 300, seed=15)
+    slots = torch.tensor([6, 1, 4, 2][:len(lengths)], device=DEVICE)
+    pool = torch.randn(8, 3, 300, generator=torch.Generator().manual_seed(16)).to(DEVICE)
+    pool[slots] = conv_state
+    snapshot_at = torch.tensor([[0, 1], [len(lengths) - 1, 0]], device=DEVICE)
+    expected_snapshots = conv_state_after_torch(z, conv_state, bounds, has_state, snapshot_at)
+    expected_state = conv_state.clone()
+    expected = short_conv_silu_torch(z, weight, expected_state, bounds, has_state)
+    expected_pool = pool.clone()
+    expected_pool[slots] = expected_state
+    assert torch.equal(conv_state_after_triton(z, pool, bounds, has_state, snapshot_at,
+                                               state_slots=slots), expected_snapshots)
+    torch_pool = pool.clone()
+    assert torch.equal(short_conv_silu_torch(z, weight, torch_pool, bounds, has_state,
+                                             state_slots=slots), expected)
+    assert torch.equal(torch_pool, expected_pool)
+    y = short_conv_silu_triton(z, weight, pool, bounds, has_state, state_slots=slots)
+    assert_relative_close("y", y, expected, 1e-6)
+    assert torch.equal(pool, expected_pool)
+
+
 @pytest.mark.gpu
 @GPU_CASES
 def test_kda_prefill_triton_real_shapes_gpu(dtype, tuning):

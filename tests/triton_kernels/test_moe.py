@@ -14,7 +14,6 @@ import triton.language as tl
 
 
 from atomk31.ops.moe import moe_experts_mxfp4_torch, moe_route_torch
-from atomk31.ops.moe import moe_experts_mxfp4_triton as moe_experts_mxfp4_registered
 from atomk31.quant import quantize_mxfp4
 from atomk31.triton_kernels.moe_gemv import moe_experts_mxfp4_gemv_triton, to_words_order
 from atomk31.triton_kernels.moe_gemv_tiles import words_order
@@ -128,7 +127,7 @@ def test_moe_experts_mxfp4_triton_fp8_down_through_the_registered_op():
     weights = (w13_packed, w13_scales, w2_packed, w2_scales)
     expected = moe_experts_mxfp4_torch(x, topk_weights, topk_ids, *weights, 4.0, 25.0,
                                        fp8_down_activations=True)
-    u = moe_experts_mxfp4_registered(x, topk_weights, topk_ids, *weights, 4.0, 25.0,
+    u = moe_experts_mxfp4_triton(x, topk_weights, topk_ids, *weights, 4.0, 25.0,
                                      fp8_down_activations=True)
     assert_relative_close("u (registered, fp8 down)", u, expected, 1e-5)
     with pytest.raises(ValueError, match="fp8_down_activations runs on the grouped GEMMs only"):

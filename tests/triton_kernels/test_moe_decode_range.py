@@ -19,7 +19,6 @@ import torch
 from atomk31.model.ffn import LatentMoE
 from atomk31.ops.moe import (ONE_FACTOR_SCALE_BYTES, moe_experts_mxfp4_torch, moe_route_torch,
                              mxfp4_scales_allow_one_factor)
-from atomk31.ops.moe import moe_experts_mxfp4_triton as moe_experts_mxfp4_registered
 from atomk31.quant import quantize_mxfp4
 from atomk31.triton_kernels import moe_gemv, moe_grouped_words
 from atomk31.triton_kernels.moe_gemv import moe_experts_mxfp4_gemv_triton, pick_word_decode
@@ -146,7 +145,7 @@ def test_moe_registered_op_and_grouped_words_carry_the_flag(word_decodes):
     expected = moe_experts_mxfp4_torch(z, topk_weights, topk_ids, *weights, 4.0, 25.0)
     assert_relative_close("u (grouped words)", grouped[0], expected, 1e-2)
     if DEVICE == "cuda":      # the registered op picks the default mode: dot_t_words on NVIDIA
-        moe_experts_mxfp4_registered(z, topk_weights, topk_ids, *weights, 4.0, 25.0,
+        moe_experts_mxfp4_triton(z, topk_weights, topk_ids, *weights, 4.0, 25.0,
                                      one_factor_exact=True)
         assert word_decodes[-1] == "ptx_one_factor"
 
@@ -262,6 +261,6 @@ def test_moe_registered_op_default_decode_gpu(num_tokens, outside, proxy_weights
     assert flag is (outside is None)
     z, topk_weights, topk_ids = proxy_routing(num_tokens, 16)
     expected = moe_experts_mxfp4_torch(z, topk_weights, topk_ids, *weights, 4.0, 25.0)
-    u = moe_experts_mxfp4_registered(z, topk_weights, topk_ids, *weights, 4.0, 25.0,
+    u = moe_experts_mxfp4_triton(z, topk_weights, topk_ids, *weights, 4.0, 25.0,
                                      one_factor_exact=flag)
     assert_relative_close("u", u, expected, 1e-2)

@@ -172,18 +172,6 @@ def test_replayed_launches_drop_the_flop_floor_and_take_narrow_tiles(m, n, k, ex
         "triton"
 
 
-def test_replayed_launches_context():
-    from atomk31.triton_kernels.runtime import launches_are_replayed, replayed_launches
-
-    assert not launches_are_replayed()
-    with replayed_launches():
-        assert launches_are_replayed()
-        with replayed_launches():
-            assert launches_are_replayed()
-        assert launches_are_replayed()
-    assert not launches_are_replayed()
-
-
 def test_gluon_default_falls_back_to_the_pointer_kernel_on_unaligned_rows(monkeypatch):
     """A Gluon default with K not a multiple of 16 (no TMA): the pointer kernel's config."""
     from atomk31.triton_kernels import ptpc_fp8
@@ -350,16 +338,15 @@ def test_launcher_default_is_gluon_for_large_gemms_on_hopper_gpu():
                                    (128, 24576, 512)],
                          ids=["o_proj-M128", "gate_up-M128", "down-M256", "kv_b-M128"])
 def test_replayed_launches_take_gluon_at_decode_shapes_gpu(m, n, k):
-    """What a graph-captured decode step launches (ptpc_fp8_config's replayed rule), through
-    the op, against torch."""
+    """What a graph-captured decode step launches (the hopper target's graph rule,
+    ptpc_fp8_config.HOPPER_GRAPH_RULE), through the launcher, against torch."""
     from atomk31.triton_kernels.ptpc_fp8 import pick_config
-    from atomk31.triton_kernels.runtime import replayed_launches
+    from atomk31.triton_kernels.ptpc_fp8_config import HOPPER_GRAPH_RULE
 
-    with replayed_launches():
-        assert pick_config(m, n, k).kernel == "gluon_hopper"
-        check_against_torch(m, n, k, None, torch.bfloat16, through_op=True)
-        # a float32 output tile leaves room for fewer stages (gluon_stages_that_fit)
-        check_against_torch(m, n, k, None, torch.float32, through_op=True)
+    assert pick_config(m, n, k, HOPPER_GRAPH_RULE).kernel == "gluon_hopper"
+    check_against_torch(m, n, k, HOPPER_GRAPH_RULE, torch.bfloat16, through_op=True)
+    # a float32 output tile leaves room for fewer stages (gluon_stages_that_fit)
+    check_against_torch(m, n, k, HOPPER_GRAPH_RULE, torch.float32, through_op=True)
 
 
 @pytest.mark.gpu
