@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import tempfile
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
@@ -10,6 +13,23 @@ from atomk31.config import EngineConfig
 from atomk31.engine.llm_engine import LLMEngine
 from atomk31.engine.outputs import RequestOutput
 from atomk31.engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def _built_in_model() -> Path:
+    """The shipped demo checkpoint; while the package ships none, the random tiny checkpoint
+    (seed 0, the same weights `atomk31 serve` falls back to), written to a temporary directory."""
+    from atomk31.checkpoint import make_checkpoint
+    from atomk31.demo.shipped import shipped_checkpoint
+
+    shipped = shipped_checkpoint()
+    if shipped is not None:
+        return shipped
+    logger.warning("the package ships no trained demo weights yet; LLM() serves the random tiny "
+                   "checkpoint")
+    return make_checkpoint("tiny", seed=0, out=tempfile.mkdtemp(prefix="atomk31-tiny-"),
+                           progress=False)
 
 
 class LLM:
@@ -30,9 +50,7 @@ class LLM:
                  online_quant_config: dict | None = None, seed: int = 0,
                  enforce_eager: bool = False):
         if model is None:
-            from atomk31.cli import ensure_default_model
-
-            model = ensure_default_model()
+            model = _built_in_model()
         options = EngineConfig(
             model=str(model), block_size=block_size, kernel_backend=kernel_backend, dtype=dtype,
             max_model_len=max_model_len, max_num_seqs=max_num_seqs,

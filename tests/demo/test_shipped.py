@@ -49,9 +49,17 @@ def test_serve_names_the_shipped_model_atomk31_demo(monkeypatch, tiny_checkpoint
     assert started["app"].state.served_model_name == launch.DEMO_MODEL_NAME == "atomk31-demo"
 
 
-def test_llm_without_a_model_uses_the_default(monkeypatch, tiny_checkpoint):
+def test_llm_without_a_model_uses_the_shipped_checkpoint(monkeypatch, tiny_checkpoint):
     from atomk31 import LLM
 
-    monkeypatch.setattr(atomk31.cli, "ensure_default_model", lambda: tiny_checkpoint)
+    monkeypatch.setattr(shipped, "shipped_checkpoint", lambda: tiny_checkpoint)
     llm = LLM(block_size=16, kernel_backend="torch")
     assert llm.engine.model_config.vocab_size == 1024
+
+
+def test_llm_without_weights_falls_back_to_the_random_tiny_checkpoint(monkeypatch, tmp_path):
+    from atomk31 import LLM
+
+    monkeypatch.setattr(shipped, "SHIPPED_DIR", tmp_path / "weights")
+    llm = LLM(block_size=16, kernel_backend="torch")
+    assert llm.engine.model_config.num_hidden_layers == 8          # the tiny preset
