@@ -39,17 +39,18 @@ def build_eval_set(tokenizer: Tokenizer, per_family: int, passkey_lengths: tuple
 
 @contextmanager
 def shipped_precision(model: DemoModel):
-    """Eval mode with the routed experts at their MXFP4 values; restores the previous state."""
+    """Eval mode with the routed experts at their MXFP4 values and FP8 latents; restores the
+    previous state."""
     was_training = model.training
-    flags = [moe.quantize for moe in model.moe_layers()]
+    modules = [*model.moe_layers(), *model.mla_layers()]
+    flags = [module.quantize for module in modules]
     model.eval()
-    for moe in model.moe_layers():
-        moe.quantize = True
+    model.set_quantized(True)
     try:
         yield
     finally:
-        for moe, flag in zip(model.moe_layers(), flags):
-            moe.quantize = flag
+        for module, flag in zip(modules, flags):
+            module.quantize = flag
         model.train(was_training)
 
 

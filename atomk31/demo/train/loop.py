@@ -254,11 +254,10 @@ class Trainer:
             return None
 
     def _phase(self, step: int) -> bool:
-        """Set the experts' quantization for `step`; return whether MLA runs sparse."""
+        """Set quantization-aware training for `step`; return whether MLA runs sparse."""
         calibrating = self.schedule.total_steps is None
         first, middle, _ = self.settings.calibrate_steps
-        for moe in self.model.moe_layers():
-            moe.quantize = self.schedule.quantizes(step)
+        self.model.set_quantized(self.schedule.quantizes(step))
         return step >= middle if calibrating and step >= first else self.schedule.is_sparse(step)
 
     def run(self) -> dict[str, Any]:

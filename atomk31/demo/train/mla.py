@@ -25,6 +25,8 @@ from atomk31.demo.train.layers import RMSNorm, layer_norm
 
 LATENT_NORM_EPS = 1e-6
 INDEX_NORM_EPS = 1e-6
+FP8_MAX = 448.0            # e4m3fn, the GPU cache format (MODEL_SPEC §6.1)
+FP8_SCALE_FLOOR = 1e-4     # §4.6.1
 # Query rows scored at a time when the sparse selection is built (bounds [rows, H_I, T] scratch).
 SELECTION_ROWS_PER_STEP = 1024
 
@@ -52,6 +54,19 @@ class Indexer(nn.Module):
         return q, k, weights
 
 
+def round_to_fp8(x: torch.Tensor, scale: torch.Tensor | float = 1.0) -> torch.Tensor:
+    """x rounded to e4m3fn with `scale` (RNE, saturating), as the engine's FP8 caches store it."""
+    return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(x.dtype) * scale
+
+
+def fp8_index_values(x: torch.Tensor) -> torch.Tensor:
+    """Index keys [.., d_I] or queries [.., H_I, d_I] at their FP8 cache values: one scale
+    `max(amax, 1e-4) / 448` per row of 128 (§4.6.1, §9 #4)."""
+    rows = x.float().unflatten(-1, (-1, 128))
+    scale = rows.abs().amax(dim=-1, keepdim=True).clamp_min(FP8_SCALE_FLOOR) / FP8_MAX
+    return round_to_fp8(rows, scale).flatten(-2)
+
+
 def index_scores(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor,
                  query_positions: torch.Tensor) -> torch.Tensor:
     """I [B, R, T] for query rows q [B, R, H_I, d_I] at positions [B, R]; -inf for future keys."""
@@ -65,7 +80,9 @@ def index_scores(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor,
 def topk_selection(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, topk: int
                    ) -> torch.Tensor:
     """Allowed-key mask [B, T, T]: each query's top `min(topk, p + 1)` causal keys by index
-    score, ties to the lower position and -0.0 equal to +0.0, as the engine selects (§4.6)."""
+    score over FP8 keys and queries (the engine's default index cache), ties to the lower
+    position and -0.0 equal to +0.0, as the engine selects (§4.6)."""
+    q, k = fp8_index_values(q), fp8_index_values(k)
     b, t = k.shape[:2]
     allowed = torch.zeros(b, t, t, dtype=torch.bool, device=k.device)
     positions = torch.arange(t, device=k.device)
@@ -94,6 +111,7 @@ class GatedMla(nn.Module):
         self.g_proj = nn.Linear(hidden, heads * self.v_dim, bias=False)
         self.o_proj = nn.Linear(heads * self.v_dim, hidden, bias=False)
         self.indexer = Indexer(config) if config.has_indexer else None
+        self.quantize = False          # latent rows at FP8 values (straight-through), see _qkv
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """q_latent [B, T, r_q]; q, k [B, H, T, d_n + d_r]; v [B, H, T, d_v]."""
@@ -103,6 +121,9 @@ class GatedMla(nn.Module):
         kv = self.kv_a_proj_with_mqa(x)
         c = self.kv_a_layernorm(kv[..., : self.kv_rank])
         k_lane = kv[..., self.kv_rank:].float()                  # raw 64-lane, no rotary (§4.5)
+        if self.quantize:     # the FP8 latent cache (static scale 1.0, §7.1), straight-through
+            c = c + (round_to_fp8(c.detach()) - c.detach())
+            k_lane = k_lane + (round_to_fp8(k_lane.detach()) - k_lane.detach())
         kv_b = self.kv_b_proj(c).view(b, t, self.num_heads, self.nope + self.v_dim)
         k = torch.cat([kv_b[..., : self.nope],
                        k_lane.unsqueeze(2).expand(-1, -1, self.num_heads, -1).to(kv_b.dtype)], -1)

@@ -111,6 +111,15 @@ class DemoModel(nn.Module):
     def moe_layers(self) -> list[LatentMoe]:
         return [m for m in self.modules() if isinstance(m, LatentMoe)]
 
+    def mla_layers(self) -> list[GatedMla]:
+        return [m for m in self.modules() if isinstance(m, GatedMla)]
+
+    def set_quantized(self, quantize: bool) -> None:
+        """Routed experts at their MXFP4 values and MLA latents at FP8 values (the shipped
+        weights, the GPU cache), or full precision."""
+        for module in (*self.moe_layers(), *self.mla_layers()):
+            module.quantize = quantize
+
     def kda_layers(self) -> list[KdaMixer]:
         return [m for m in self.modules() if isinstance(m, KdaMixer)]
 

@@ -1,5 +1,5 @@
 """The training schedule: learning rate, the indexer's dense warm-up then sparse training, and
-quantization-aware training of the experts, all as fractions of one step count.
+quantization-aware training (MXFP4 experts, FP8 latents), all as fractions of one step count.
 
 The step count is either given (`--steps`, an exact rerun) or fitted to the time budget once,
 from step times measured early in the run (`fit_total_steps`), and then fixed: the schedule is a
@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 SPARSE_FROM = 0.4     # DSA: dense warm-up of the indexer, then top-k attention
-QUANTIZE_FROM = 0.55  # quantization-aware training of the MXFP4 experts
+QUANTIZE_FROM = 0.55  # quantization-aware training: MXFP4 experts, FP8 MLA latents
 FINAL_LR_FRACTION = 0.1
 
 

@@ -2,6 +2,7 @@
 (sparse MLA through the indexer, MXFP4 experts) equals the float32 reference on the exported
 weights, and the export follows the checkpoint schema."""
 
+import pytest
 import torch
 
 from atomk31.checkpoint import expected_tensors
@@ -25,15 +26,21 @@ def _bf16_exact_toy_model() -> tuple[DemoModel, dict]:
             parameter.copy_(parameter.to(torch.bfloat16).float())
         for moe in model.moe_layers():
             moe.gate.e_score_correction_bias.normal_(std=0.01)
-            moe.quantize = True
     return model.eval(), config_json
 
 
-def test_trainer_forward_equals_the_reference_on_the_exported_checkpoint(tmp_path,
+@pytest.mark.parametrize("fp8_latent", [False, True])
+def test_trainer_forward_equals_the_reference_on_the_exported_checkpoint(tmp_path, fp8_latent,
                                                                         demo_tokenizer_dir):
+    """Selection over FP8 index keys always (the engine's default); the FP8 latent cache when
+    the trainer simulates it (quantization-aware training)."""
     model, config_json = _bf16_exact_toy_model()
+    model.set_quantized(True)
+    for mla in model.mla_layers():
+        mla.quantize = fp8_latent
     out = write_checkpoint(model, config_json, demo_tokenizer_dir, tmp_path / "checkpoint")
-    reference = ReferenceModel.from_pretrained(out)
+    reference = ReferenceModel.from_pretrained(out, index_key_format="fp8",
+                                               latent_format="fp8" if fp8_latent else "exact")
     ids = torch.randint(0, 1800, (90,), generator=torch.Generator().manual_seed(1))
     assert ids.numel() > model.config.index_topk          # the indexer's selection is exercised
     with torch.no_grad():
