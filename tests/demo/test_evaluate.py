@@ -93,6 +93,7 @@ def test_bad_flags_are_reported(capsys):
     assert "--passkey-lengths must be comma-separated integers, got '1k'" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_eval_runs_against_the_tiny_server(tiny_checkpoint, tmp_path, capsys):
     options = EngineConfig(model=str(tiny_checkpoint), block_size=16, kernel_backend="torch")
     server = LiveServer(create_app(options, "tiny-test"))

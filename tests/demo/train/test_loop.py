@@ -14,6 +14,7 @@ from atomk31.demo.train.__main__ import main
 from atomk31.reference import ReferenceModel
 
 
+@pytest.mark.slow
 def test_toy_run_learns_and_writes_a_checkpoint_both_paths_load(tmp_path):
     out = tmp_path / "run"
     assert main(["--seed", "0", "--out", str(out), "--profile", "toy", "--steps", "8",
