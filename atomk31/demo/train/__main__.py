@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--kda-backend", choices=KDA_BACKENDS, default="torch",
                         help="KDA scan: torch (default), fla (fla's chunk_kda on a GPU), auto (fla if "
                         "it agrees with torch on a random batch)")
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="start from this checkpoint's weights (e.g. a previous run's "
+                        "DIR/checkpoint) instead of a random init")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     return parser
 
@@ -48,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = args.profile or ("gpu" if device.startswith("cuda") else "cpu")
     options = RunOptions(seed=args.seed, out=args.out, profile=profile, device=device,
                          max_minutes=args.max_minutes, steps=args.steps,
-                         kda_backend=args.kda_backend)
+                         kda_backend=args.kda_backend, init_from=args.init_from)
     Trainer(options).run()
     return 0
 

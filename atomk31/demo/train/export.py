@@ -1,4 +1,5 @@
-"""Writing the trainer's model as a release-format checkpoint (MODEL_SPEC §3).
+"""Writing the trainer's model as a release-format checkpoint (MODEL_SPEC §3), and reading one
+back into it (`--init-from`, to continue training from shipped weights).
 
 Names get the `language_model.` prefix; dtypes are the schema's preferred ones (BF16 weights,
 F32 small vectors); the stacked routed experts become `experts.{e}.w{1,3,2}.weight_packed` and
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from atomk31.checkpoint import expected_tensors, load_checkpoint
 from atomk31.checkpoint.schema import TEXT_PREFIX
@@ -26,7 +27,7 @@ from atomk31.checkpoint.tokenizer import TIKTOKEN_FILE, TOKENIZER_CONFIG_FILE
 from atomk31.checkpoint.tokenizer_writer import END_OF_MESSAGE
 from atomk31.config import ModelConfig
 from atomk31.demo.train.model import DemoModel
-from atomk31.quant import quantize_mxfp4
+from atomk31.quant import dequantize_mxfp4, quantize_mxfp4
 
 _EXPERT_MATRICES = {"experts_w1": "w1", "experts_w3": "w3", "experts_w2": "w2"}
 
@@ -77,3 +78,29 @@ def write_checkpoint(model: DemoModel, config_json: dict[str, Any], tokenizer_di
         shutil.rmtree(out)
     os.replace(staging, out)
     return out
+
+
+def read_checkpoint(model: DemoModel, path: Path) -> None:
+    """Load the weights of the checkpoint at `path` (written by `write_checkpoint` for the same
+    config) into `model`: BF16 values as float32 masters, experts dequantized from MXFP4."""
+    tensors = load_file(Path(path) / "model.safetensors")
+    state = {}
+    for name, value in model.state_dict().items():
+        stem, _, leaf = name.rpartition(".")
+        if leaf in _EXPERT_MATRICES:
+            base = f"{TEXT_PREFIX}{stem}.experts.{{}}.{_EXPERT_MATRICES[leaf]}"
+            state[name] = torch.stack([
+                dequantize_mxfp4(tensors[base.format(e) + ".weight_packed"],
+                                 tensors[base.format(e) + ".weight_scale"])
+                for e in range(value.shape[0])])
+        elif TEXT_PREFIX + name in tensors:
+            stored = tensors[TEXT_PREFIX + name]
+            if stored.numel() != value.numel():
+                raise ValueError(f"{path}: {TEXT_PREFIX + name} has shape {list(stored.shape)}, "
+                                 f"the model's is {list(value.shape)}; the checkpoint was written "
+                                 f"for another config")
+            state[name] = stored.float().reshape(value.shape)
+        else:
+            raise ValueError(f"{path} has no tensor {TEXT_PREFIX + name}; the checkpoint was "
+                             f"written for another config")
+    model.load_state_dict(state)

@@ -30,7 +30,7 @@ from atomk31.demo.tasks import FAMILIES
 from atomk31.demo.tokenizer import write_demo_tokenizer
 from atomk31.demo.train.data import IGNORE, Batch, StepBatches
 from atomk31.demo.train.evaluation import build_eval_set, evaluate
-from atomk31.demo.train.export import write_checkpoint
+from atomk31.demo.train.export import read_checkpoint, write_checkpoint
 from atomk31.demo.train.kda_backend import choose_kda_backend
 from atomk31.demo.train.model import DemoModel, ForwardOptions
 from atomk31.demo.train.schedule import Schedule, fit_total_steps
@@ -54,6 +54,7 @@ class RunOptions:
     max_minutes: float = 7.0
     steps: int | None = None
     kda_backend: str = "torch"
+    init_from: Path | None = None     # start from a checkpoint's weights instead of the init
 
 
 @dataclass
@@ -173,7 +174,11 @@ class Trainer:
         write_demo_tokenizer(self.tokenizer_dir, self.config.vocab_size)
         self.tokenizer = Tokenizer.from_pretrained(self.tokenizer_dir)
         self.pad_id = self.tokenizer.token_id("[PAD]")
-        self.model = DemoModel(self.config).to(self.device)
+        self.model = DemoModel(self.config)
+        if options.init_from is not None:
+            read_checkpoint(self.model, Path(options.init_from))
+            logger.info("starting from the weights of %s", options.init_from)
+        self.model.to(self.device)
         self.state.info.update(self._describe())
         self.state.info["kda_backend"] = choose_kda_backend(self.model, options.kda_backend,
                                                             self.device)

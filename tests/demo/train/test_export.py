@@ -8,7 +8,7 @@ import torch
 from atomk31.checkpoint import expected_tensors
 from atomk31.config import ModelConfig
 from atomk31.demo.model_config import demo_config
-from atomk31.demo.train.export import checkpoint_tensors, write_checkpoint
+from atomk31.demo.train.export import checkpoint_tensors, read_checkpoint, write_checkpoint
 from atomk31.demo.train.model import DemoModel, ForwardOptions
 from atomk31.reference import ReferenceModel
 
@@ -60,3 +60,22 @@ def test_export_names_and_dtypes_follow_the_schema():
         assert specs[name].accepts_shape(tuple(tensor.shape)), name
     assert tensors["language_model.model.layers.1.block_sparse_moe.experts.3.w2.weight_packed"].dtype \
         == torch.uint8
+
+
+def test_a_written_checkpoint_reads_back_into_the_trainer(tmp_path, demo_tokenizer_dir):
+    model, config_json = _bf16_exact_toy_model()
+    out = write_checkpoint(model, config_json, demo_tokenizer_dir, tmp_path / "checkpoint")
+    again = DemoModel(ModelConfig.from_dict(config_json))
+    read_checkpoint(again, out)
+    assert checkpoint_tensors(again).keys() == checkpoint_tensors(model).keys()
+    for name, tensor in checkpoint_tensors(again).items():
+        assert torch.equal(tensor, checkpoint_tensors(model)[name]), name
+
+
+def test_reading_a_checkpoint_of_another_config_is_refused(tmp_path, demo_tokenizer_dir):
+    model, config_json = _bf16_exact_toy_model()
+    out = write_checkpoint(model, config_json, demo_tokenizer_dir, tmp_path / "checkpoint")
+    with pytest.raises(ValueError, match=r"model.embed_tokens.weight has shape \[2048, 128\], "
+                                         r"the model's is \[2048, 256\]; the checkpoint was "
+                                         r"written for another config"):
+        read_checkpoint(DemoModel(ModelConfig.from_dict(demo_config("demo"))), out)
