@@ -1,4 +1,4 @@
-"""The `atomk31` command line: serve, generate, eval, info, make-checkpoint.
+"""The `atomk31` command line: serve, generate, bench, eval, info, make-checkpoint.
 
 This is the one place (with config.py) that reads the environment. The default model is the
 trained demo checkpoint shipped in the package (atomk31/demo/weights/) when it is there; else
@@ -67,6 +67,12 @@ def _build_parser() -> argparse.ArgumentParser:
     from server.launch import add_serve_arguments
 
     add_serve_arguments(serve)
+
+    bench = sub.add_parser("bench", help="benchmarks: serve (an HTTP client), latency and "
+                           "throughput (offline)")
+    from atomk31.bench.commands import add_bench_arguments
+
+    add_bench_arguments(bench)
 
     gen = sub.add_parser("generate", help="greedy continuation of prompts (offline engine)")
     _add_flag(gen, "model", type=Path, default=None,
@@ -158,14 +164,20 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from server.launch import serve
 
-    return serve(args)
+    return serve(args, ensure_default_model)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from atomk31.bench.commands import run_bench
+
+    return run_bench(args, ensure_default_model)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
     commands = {"make-checkpoint": _cmd_make_checkpoint, "generate": _cmd_generate,
-                "info": _cmd_info, "serve": _cmd_serve, "eval": _cmd_eval}
+                "info": _cmd_info, "serve": _cmd_serve, "bench": _cmd_bench, "eval": _cmd_eval}
     return commands[args.command](args)
 
 

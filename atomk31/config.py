@@ -223,6 +223,10 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     kv_cache_memory: int | None = None  # bytes for the block pool + KDA states; overrides utilization
     snapshot_fraction: float = 0.1      # share of the cache budget kept for KDA prefix snapshots
+    # KDA prefix snapshots (a full K3.1 state is 449 MB) are taken at the end of every
+    # prompt's last full block and every this many tokens (a multiple of block_size; 0: at
+    # prompt ends only), not at every block (engine/scheduler.py)
+    kda_snapshot_interval: int = 2048
     max_num_waiting: int = 1024         # beyond this the server answers 503
     seed: int = 0
     # decode steps run eagerly, never from CUDA graphs (engine/cuda_graphs.py): for debugging
@@ -257,6 +261,11 @@ class EngineConfig:
             problems.append(f"kv_cache_memory must be a positive byte count, got {self.kv_cache_memory}")
         if not 0 <= self.snapshot_fraction < 1:
             problems.append(f"snapshot_fraction must be in [0, 1), got {self.snapshot_fraction}")
+        interval = self.kda_snapshot_interval
+        block_size_valid = isinstance(bs, int) and bs >= 1 and not bs & (bs - 1)
+        if interval < 0 or (block_size_valid and interval % bs):
+            problems.append(f"kda_snapshot_interval must be 0 or a positive multiple of "
+                            f"block_size ({self.block_size}), got {interval}")
         if self.online_quant_config is not None:
             from atomk31.quant.ptpc import parse_online_quant_config
 

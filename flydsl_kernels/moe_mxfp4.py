@@ -9,7 +9,10 @@ hardware applies them; nothing is dequantized.
 
 Grouping (torch, in the launcher): the (token, slot) pairs are sorted by expert and each
 expert's run is padded to a multiple of 16 pairs (pad pairs point at token -1), so a tile of
-16 pairs belongs to one expert (``tile_experts``).
+16 pairs belongs to one expert (``tile_experts``). The grid is sized on the host by the worst
+case (``max_tiles``: every used expert wastes up to 15 rows), never read back from the device,
+so a CUDA (HIP) graph can capture the launch; tiles past the last used one are padding (token
+-1, weight 0) and write nothing the sum reads.
 
 * gate_up kernel, one wave per (tile, 32 intermediate columns): A = 16 pairs' e4m3 ``z`` rows,
   B = 32 gate rows and the matching 32 up rows of ``w13`` (e2m1), K = Dl in steps of 128.
@@ -28,7 +31,7 @@ its scale is one byte per lane; the result lane l holds rows ``4 * (l // 16) + i
 Accuracy: z and the SiTU output go through e4m3 with per-32 power-of-two scales (relative
 error ~2^-4 per element) where the torch op keeps fp32/bf16; see tests/flydsl_kernels/
 test_moe_mxfp4.py for the stated tolerance. Requires Dl and F to be multiples of 128 (K3.1:
-3584 and 3072); the amd backend sends other shapes to the portable implementation.
+3584 and 3072; ValueError otherwise).
 """
 
 import torch
@@ -266,31 +269,47 @@ def dequantize_mx_fp8(values: torch.Tensor, scales: torch.Tensor) -> torch.Tenso
     return blocks.reshape(values.shape)
 
 
+def max_tiles(num_pairs: int, num_experts: int) -> int:
+    """Tiles of 16 pairs the grouping may need: the pairs plus up to 15 padding rows per used
+    expert (at most min(E, pairs) experts are used)."""
+    return -(-num_pairs // TILE_PAIRS) + min(num_experts, num_pairs)
+
+
 def group_pairs(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sort the (token, slot) pairs by expert, each expert's run padded to 16 pairs.
+    """Sort the (token, slot) pairs by expert, each expert's run padded to 16 pairs, into
+    ``max_tiles`` tiles (device ops only: no host sync).
 
     topk_ids, topk_weights: [T, k] -> (pair_tokens int32 [P], pair_weights fp32 [P],
-    tile_experts int32 [P/16]); padding pairs have token -1 and weight 0.
-    """
+    tile_experts int32 [P/16]) with P = 16 max_tiles; padding pairs have token -1 and weight 0,
+    tiles past the last used one the last expert (in-bounds weights, nothing written)."""
     flat_ids = topk_ids.reshape(-1).long()
     top_k = topk_ids.shape[1]
+    device = flat_ids.device
+    num_tiles = max_tiles(flat_ids.numel(), num_experts)
     order = torch.argsort(flat_ids, stable=True)
-    counts = torch.bincount(flat_ids, minlength=num_experts)
+    counts = torch.bincount(flat_ids, minlength=num_experts)[:num_experts]
     tiles = (counts + TILE_PAIRS - 1) // TILE_PAIRS
-    padded_start = torch.cumsum(tiles * TILE_PAIRS, 0) - tiles * TILE_PAIRS
+    tile_end = torch.cumsum(tiles, 0)
     start = torch.cumsum(counts, 0) - counts
     sorted_ids = flat_ids[order]
-    rank = torch.arange(flat_ids.numel(), device=flat_ids.device) - start[sorted_ids]
-    destination = padded_start[sorted_ids] + rank
-    num_pairs = int(tiles.sum()) * TILE_PAIRS  # one host sync: the grid size
-    pair_tokens = torch.full((num_pairs,), -1, dtype=torch.int32, device=flat_ids.device)
-    pair_weights = torch.zeros(num_pairs, dtype=torch.float32, device=flat_ids.device)
+    rank = torch.arange(flat_ids.numel(), device=device) - start[sorted_ids]
+    destination = (tile_end - tiles)[sorted_ids] * TILE_PAIRS + rank
+    pair_tokens = torch.full((num_tiles * TILE_PAIRS,), -1, dtype=torch.int32, device=device)
+    pair_weights = torch.zeros(num_tiles * TILE_PAIRS, dtype=torch.float32, device=device)
     pair_tokens[destination] = (order // top_k).to(torch.int32)
     pair_weights[destination] = topk_weights.reshape(-1).float()[order]
-    tile_experts = torch.repeat_interleave(
-        torch.arange(num_experts, dtype=torch.int32, device=flat_ids.device), tiles)
+    tile_experts = torch.searchsorted(tile_end, torch.arange(num_tiles, device=device),
+                                      right=True).clamp_max(num_experts - 1).to(torch.int32)
     return pair_tokens, pair_weights, tile_experts
+
+
+def sum_pairs(y: torch.Tensor, pair_tokens: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """u [T, Dl] fp32: the per-pair rows y [P, Dl] summed into their tokens; padding pairs
+    (token -1) land in a spare row that is dropped (no boolean indexing: no host sync)."""
+    rows = torch.where(pair_tokens >= 0, pair_tokens, num_tokens).long()
+    out = torch.zeros(num_tokens + 1, y.shape[1], dtype=torch.float32, device=y.device)
+    return out.index_add_(0, rows, y)[:num_tokens]
 
 
 def check_shapes(w13_packed: torch.Tensor) -> str | None:
@@ -347,8 +366,7 @@ def moe_experts_mxfp4_flydsl(
     launch_down(h_bytes.view(torch.int64), h_scales, pair_weights, tile_experts,
                 w2_packed.contiguous().view(torch.int64), w2_scales.contiguous(), y,
                 num_tiles, latent_size // TILE_COLUMNS, latent_size, intermediate_size, stream)
-    valid = pair_tokens >= 0
-    return out.index_add_(0, pair_tokens[valid].long(), y[valid])
+    return sum_pairs(y, pair_tokens, z.shape[0])
 
 
 def _placeholder_problem(num_tokens: int, top_k: int, num_experts: int, latent_size: int,

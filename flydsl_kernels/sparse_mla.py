@@ -7,7 +7,11 @@ returns (out [Nq, H, 512] fp32, lse [Nq, H] fp32).
 One workgroup (one wave of 64 lanes) per (query row, group of 16 local heads). It reads the
 selected rows straight from the FP8 latent cache, 16 rows per step, never materialising
 dequantized rows, and keeps the online-softmax state and the [16 heads, 512] output in
-registers:
+registers. The cache is any page view with 8-byte aligned rows, read in place: the engine's
+`layer_view` of its packed pool (atomk31/cache/layout.py) strides each layer's pages by the
+whole block row, so the launcher passes the bytes the view spans (`latent_span`) with the
+block and token strides, and a slot's row is found at block x block stride + token x token
+stride (64-bit: a pool is larger than 2^31 bytes):
 
 * scores, transposed: ``S^T[key, head] = K_tile[16, 576] · Q[16, 576]^T`` with 18
   ``v_mfma_f32_16x16x32_fp8_fp8`` (queries quantized to e4m3 per (row, head) on the host, one
@@ -20,7 +24,9 @@ registers:
 
 Accuracy: the query goes through e4m3 (§6.1) and P through bf16, as in production FP8 MLA
 kernels; the tests therefore compare against the torch op with the queries pre-rounded the
-same way and a bf16-level tolerance. Requires K3.1's 576-wide rows; H padded to 16.
+same way and a bf16-level tolerance. Requires K3.1's 576-wide rows; H padded to 16. The op
+checks its arguments before the launcher runs; the registry runs it on gfx950 for prefill's
+many rows (`sparse_mla`'s "many_rows" shape class), with nothing else behind it.
 """
 
 import torch
@@ -46,18 +52,30 @@ def _e4m3_to_float(byte: fx.Uint8) -> fx.Float32:
     return fx.Float32(rocdl_ops.cvt_f32_fp8(fx.T.f32, word.ir_value(), 0))
 
 
+def _row_words(slot: fx.Int32, block_shift: fx.Int32, stride_block_words: fx.Int64,
+               stride_token_words: fx.Int64) -> fx.Int64:
+    """Word (8-byte) offset of a slot's latent row: block = slot >> shift (block_size a power
+    of two), token = slot & (block_size - 1), in 64 bits (a pool spans more than 2^31 B)."""
+    block = fx.Int32(slot >> block_shift)
+    token = fx.Int32(slot - fx.Int32(block << block_shift))
+    return block.to(fx.Int64) * stride_block_words + token.to(fx.Int64) * stride_token_words
+
+
 @flyc.kernel
 def sparse_mla_kernel(
     q_words: fx.Tensor,  # [Nq, H, 72] int64: e4m3 queries, 8 per word
     q_scales: fx.Tensor,  # [Nq, H] fp32: per (row, head) e4m3 scale * latent_scale * sm_scale
-    latent_words: fx.Tensor,  # [slots, 72] int64: the e4m3 latent rows, 8 per word
-    latent_bytes: fx.Tensor,  # [slots, 576] uint8: the same bytes, for P·V
+    latent_words: fx.Tensor,  # the latent pages' span as int64 words (8 e4m3 values each)
+    latent_bytes: fx.Tensor,  # the same span as uint8, for P·V
     slots: fx.Tensor,  # [Nq, k] int32, -1 = masked
     out: fx.Tensor,  # [Nq, H, 512] fp32
     lse: fx.Tensor,  # [Nq, H] fp32
     num_heads: fx.Int32,
     num_selected: fx.Int32,
     latent_scale: fx.Float32,
+    block_shift: fx.Int32,  # log2(block_size)
+    stride_block_words: fx.Int64,  # the latent's block stride, in words
+    stride_token_words: fx.Int64,  # its token (row) stride, in words
 ):
     lane = fx.thread_idx.x
     row = fx.block_idx.x
@@ -89,16 +107,17 @@ def sparse_mla_kernel(
         in_range_a = key_a < num_selected
         slot_a = fx.ptr_load(p_slots + (slot_base + in_range_a.select(key_a, fx.Int32(0))))
         slot_a = (in_range_a & (slot_a >= fx.Int32(0))).select(slot_a, fx.Int32(0))
+        row_a = _row_words(slot_a, block_shift, stride_block_words, stride_token_words)
         scores = Vec.filled(4, 0.0, fx.Float32)
         for k_step in fx.range_constexpr(LATENT_DIM // SCORE_K):
             word = fx.Int32(k_step * (SCORE_K // 8)) + kg
-            a = fx.ptr_load(p_kw + (slot_a * fx.Int32(LATENT_DIM // 8) + word))
+            a = fx.ptr_load(p_kw + (row_a + word.to(fx.Int64)))
             b = fx.ptr_load(p_q + (q_base + word))
             scores = Vec(rocdl.mfma_f32_16x16x32_fp8_fp8(
                 Vec.make_type(4, fx.Float32), [a, b, scores.ir_value()]), (4,), fx.Float32)
 
         # ---- this lane's four keys (kg*4 + i) of its head: mask, scale, tile max ----
-        key_slots = []
+        key_rows = []  # byte offsets of this lane's four keys' rows
         logits = []
         tile_max = fx.Float32(float("-inf"))
         for i in fx.range_constexpr(4):
@@ -106,7 +125,8 @@ def sparse_mla_kernel(
             in_range = key < num_selected
             slot = fx.ptr_load(p_slots + (slot_base + in_range.select(key, fx.Int32(0))))
             is_valid = in_range & (slot >= fx.Int32(0)) & is_head
-            key_slots.append(is_valid.select(slot, fx.Int32(0)))
+            key_rows.append(_row_words(is_valid.select(slot, fx.Int32(0)), block_shift,
+                                       stride_block_words, stride_token_words) * fx.Int64(8))
             logit = is_valid.select(scores[i] * q_scale, fx.Float32(float("-inf")))
             logits.append(logit)
             tile_max = tile_max.maximumf(logit)
@@ -135,7 +155,7 @@ def sparse_mla_kernel(
         for tile in fx.range_constexpr(VALUE_DIM // 16):
             column = fx.Int32(tile * 16) + n16
             values = [_e4m3_to_float(fx.ptr_load(
-                p_kv + (key_slots[i] * fx.Int32(LATENT_DIM) + column))) for i in range(4)]
+                p_kv + (key_rows[i] + column.to(fx.Int64)))) for i in range(4)]
             v_operand = Vec.from_elements(values, dtype=fx.Float32).to(
                 fx.BFloat16).bitcast(fx.Int16)
             scaled = Vec.from_elements([acc[tile][i] * alpha for i in range(4)], dtype=fx.Float32)
@@ -163,10 +183,13 @@ def launch_sparse_mla(
     q_words: fx.Tensor, q_scales: fx.Tensor, latent_words: fx.Tensor,
     latent_bytes: fx.Tensor, slots: fx.Tensor, out: fx.Tensor, lse: fx.Tensor,
     num_rows: fx.Int32, num_head_groups: fx.Int32, num_heads: fx.Int32,
-    num_selected: fx.Int32, latent_scale: fx.Float32, stream: fx.Stream = fx.Stream(None),
+    num_selected: fx.Int32, latent_scale: fx.Float32, block_shift: fx.Int32,
+    stride_block_words: fx.Int64, stride_token_words: fx.Int64,
+    stream: fx.Stream = fx.Stream(None),
 ):
     sparse_mla_kernel(q_words, q_scales, latent_words, latent_bytes, slots, out, lse,
-                      num_heads, num_selected, latent_scale).launch(
+                      num_heads, num_selected, latent_scale, block_shift, stride_block_words,
+                      stride_token_words).launch(
         grid=(num_rows, num_head_groups, 1), block=(WAVE, 1, 1), stream=stream)
 
 
@@ -185,6 +208,25 @@ def prepare_queries(q: torch.Tensor, latent_scale: float,
     return words, (scale * latent_scale * softmax_scale).contiguous()
 
 
+def latent_span(latent_cache: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """The bytes a strided latent view [num_blocks, block_size, 576] spans, as one 1-D uint8
+    view from its first row (no copy: in the engine's pool the span holds the other layers'
+    pages too, which the kernel never reads), with the block and token strides in 8-byte
+    words. ValueError unless the view can be read as words (rows and strides 8-byte
+    aligned, rows dense)."""
+    num_blocks, block_size, _ = latent_cache.shape
+    stride_block, stride_token, stride_column = latent_cache.stride()
+    if stride_column != 1 or stride_block % 8 or stride_token % 8 or \
+            latent_cache.storage_offset() % 8:
+        raise ValueError(f"sparse_mla_flydsl reads the latent as 8-byte words: rows must be "
+                         f"dense and 8-byte aligned, got strides {latent_cache.stride()} at "
+                         f"offset {latent_cache.storage_offset()}; pass a page view of the "
+                         f"engine's pool")
+    span = (num_blocks - 1) * stride_block + (block_size - 1) * stride_token + LATENT_DIM
+    return (latent_cache.view(torch.uint8).as_strided((span,), (1,)), stride_block // 8,
+            stride_token // 8)
+
+
 def sparse_mla_flydsl(
     q: torch.Tensor,
     latent_cache: torch.Tensor,
@@ -192,39 +234,27 @@ def sparse_mla_flydsl(
     slots: torch.Tensor,
     softmax_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `sparse_mla` contract on an e4m3fn latent cache, with the FlyDSL kernel."""
-    if latent_cache.dtype != torch.float8_e4m3fn or latent_cache.shape[-1] != LATENT_DIM:
-        raise ValueError(f"sparse_mla_flydsl reads an e4m3fn latent cache [blocks, block_size, "
-                         f"{LATENT_DIM}], got {latent_cache.dtype} {list(latent_cache.shape)}")
-    if not latent_cache.is_contiguous():
-        raise ValueError("sparse_mla_flydsl needs a contiguous latent cache view (one layer)")
+    """The `sparse_mla` contract on an e4m3fn latent cache, with the FlyDSL kernel; the op
+    checks its arguments first, and the registry runs this on gfx950 for many rows. The cache
+    may be any page view with 8-byte aligned rows (the engine's `layer_view` of the packed
+    pool: a block stride of the whole row), read in place."""
     num_rows, num_selected = slots.shape
-    if q.dim() != 3 or q.shape[0] != num_rows or q.shape[2] != LATENT_DIM:
-        raise ValueError(f"q must be [Nq={num_rows}, H, {LATENT_DIM}], got {list(q.shape)}")
     num_heads = q.shape[1]
     out = torch.zeros(num_rows, num_heads, VALUE_DIM, device=q.device)
     lse = torch.full((num_rows, num_heads), -torch.inf, device=q.device)
     if num_rows == 0 or num_heads == 0:
         return out, lse
+    block_size = latent_cache.shape[1]
+    row_bytes, stride_block_words, stride_token_words = latent_span(latent_cache)
     q_words, q_scales = prepare_queries(q, latent_scale, softmax_scale)
-    rows = latent_cache.view(-1, LATENT_DIM)
     num_head_groups = -(-num_heads // HEADS_PER_GROUP)
-    row_bytes = rows.view(torch.uint8)
+    if slots.dtype != torch.int32 or not slots.is_contiguous():
+        slots = slots.to(torch.int32).contiguous()
     # torch's current stream, not FlyDSL's default: the engine captures decode steps into
-    # CUDA (HIP) graphs on a side stream
-    launch_sparse_mla(q_words, q_scales, row_bytes.view(torch.int64), row_bytes,
-                      slots.to(torch.int32).contiguous(), out, lse, num_rows, num_head_groups,
-                      num_heads, num_selected, float(latent_scale),
-                      fx.Stream(torch.cuda.current_stream(q.device)))
+    # CUDA (HIP) graphs on a side stream; off a GPU (compile-only builds) the default
+    stream = fx.Stream(torch.cuda.current_stream(q.device) if q.is_cuda else None)
+    launch_sparse_mla(q_words, q_scales, row_bytes.view(torch.int64), row_bytes, slots, out,
+                      lse, num_rows, num_head_groups, num_heads, num_selected,
+                      float(latent_scale), block_size.bit_length() - 1, stride_block_words,
+                      stride_token_words, stream)
     return out, lse
-
-
-def compile_sparse_mla(num_rows: int = 2, num_heads: int = 16, num_selected: int = 64) -> None:
-    """Compile the kernel with placeholder CPU tensors (for COMPILE_ONLY builds in CI)."""
-    q_words = torch.zeros(num_rows, num_heads, LATENT_DIM // 8, dtype=torch.int64)
-    rows = torch.zeros(128, LATENT_DIM, dtype=torch.uint8)
-    flyc.compile(launch_sparse_mla, q_words, torch.ones(num_rows, num_heads),
-                 rows.view(torch.int64), rows,
-                 torch.zeros(num_rows, num_selected, dtype=torch.int32),
-                 torch.zeros(num_rows, num_heads, VALUE_DIM), torch.zeros(num_rows, num_heads),
-                 num_rows, 1, num_heads, num_selected, 1.0)

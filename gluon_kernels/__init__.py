@@ -1,10 +1,6 @@
-"""Gluon kernels for AMD Instinct GPUs (gfx950 first, gfx942 where it applies), each also
-instantiated for NVIDIA so its algorithm is tested on the GPUs at hand:
+"""Gluon kernels, by target: `hopper/` (NVIDIA sm_90) and `amd/` (gfx950, gfx942).
 
-* `indexer_score`: DSA indexer scores on scaled MFMA (FP8 e4m3 and MXFP4 e2m1 keys), one
-  program per (key tile, group of one request's rows), so each key is read once per group.
-* `radix_topk`: multi-workgroup radix top-k sharing one row's digit histogram.
-
-`targets` maps an architecture to its matrix instruction and layouts; `compile` compiles any
-kernel's instantiations without a GPU (tests/amd_compile/).
+Shared by both: `targets` (an architecture's matrix instruction and register layouts) and
+`compile` (ahead-of-time compiles of a kernel's instantiations with no GPU, for the ISA checks
+of tests/amd_compile/). Kernels import no engine code (atomk31.ops, model, engine).
 """

@@ -88,6 +88,18 @@ def arch_of_device(device: torch.device) -> str:
     return f"sm{properties.major}{properties.minor}"
 
 
+def active_target() -> GluonTarget:
+    """The GluonTarget of the GPU Triton compiles for now (its active driver's current target):
+    the device a launch runs on, or, under tests/amd_compile's compile-only driver, the
+    architecture being compiled for. ValueError if the Gluon kernels have no target there."""
+    from triton.runtime import driver
+
+    target = driver.active.get_current_target()
+    if target.backend == "hip":
+        return target_for_arch(str(target.arch).split(":")[0])
+    return target_for_arch(f"sm{target.arch}")
+
+
 def target_of_device(device: torch.device) -> GluonTarget:
     """The GluonTarget of a visible GPU; ValueError if the Gluon kernels cannot run on it."""
     reason = why_no_target(device)

@@ -5,8 +5,10 @@ lifespan (never at import, never a module global) and kept on `app.state`, where
 dependencies below find it. Tests may pass a ready `engine`, which the app then uses and does
 not shut down.
 
-Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/{id}
-(all behind the API key when one is set), GET /health, GET /metrics.
+Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/messages (Anthropic),
+POST /v1/messages/count_tokens, GET /v1/models, GET /v1/models/{id}, and vLLM's POST /tokenize,
+POST /detokenize, GET /tokenizer_info (all behind the API key when one is set); GET /health,
+GET /metrics.
 """
 
 from __future__ import annotations
@@ -24,16 +26,23 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from atomk31 import __version__
 from atomk31.config import EngineConfig
 from atomk31.engine.async_engine import AsyncEngine
+from server.anthropic_protocol import (
+    CountTokensRequest, CountTokensResponse, MessagesRequest, MessagesResponse,
+)
 from server.auth import require_api_key
 from server.errors import install_error_handlers
 from server.metrics import ServerMetrics
+from server.limits import ServerLimits
 from server.protocol import (
     ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse,
     ErrorResponse, ModelCard, ModelList,
 )
+from server.request_body import parsed_body
 from server.serving_chat import create_chat_completion
 from server.serving_common import check_model, max_model_len
 from server.serving_completions import create_completion
+from server.serving_messages import count_tokens, create_message
+from server.serving_tokenize import router as tokenizer_routes
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +67,9 @@ v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=
 
 
 @v1.post("/chat/completions", response_model=ChatCompletionResponse)
-async def chat_completions(body: ChatCompletionRequest, request: Request,
+async def chat_completions(request: Request,
+                           body: ChatCompletionRequest = Depends(
+                               parsed_body(ChatCompletionRequest)),
                            engine: AsyncEngine = Depends(get_engine),
                            metrics: ServerMetrics = Depends(get_metrics),
                            model_name: str = Depends(get_served_model_name)
@@ -67,12 +78,34 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
 
 
 @v1.post("/completions", response_model=CompletionResponse)
-async def completions(body: CompletionRequest, request: Request,
+async def completions(request: Request,
+                      body: CompletionRequest = Depends(parsed_body(CompletionRequest)),
                       engine: AsyncEngine = Depends(get_engine),
                       metrics: ServerMetrics = Depends(get_metrics),
                       model_name: str = Depends(get_served_model_name)
                       ) -> CompletionResponse | Response:
     return await create_completion(body, request, engine, metrics, model_name)
+
+
+@v1.post("/messages", response_model=MessagesResponse)
+async def messages(request: Request,
+                   body: MessagesRequest = Depends(parsed_body(MessagesRequest)),
+                   engine: AsyncEngine = Depends(get_engine),
+                   metrics: ServerMetrics = Depends(get_metrics),
+                   model_name: str = Depends(get_served_model_name)
+                   ) -> MessagesResponse | Response:
+    """Anthropic's Messages API (errors in Anthropic's shape)."""
+    return await create_message(body, request, engine, metrics, model_name)
+
+
+@v1.post("/messages/count_tokens")
+async def messages_count_tokens(request: Request,
+                                body: CountTokensRequest = Depends(
+                                    parsed_body(CountTokensRequest)),
+                                engine: AsyncEngine = Depends(get_engine),
+                                model_name: str = Depends(get_served_model_name)
+                                ) -> CountTokensResponse:
+    return await count_tokens(body, request, engine, model_name)
 
 
 @v1.get("/models")
@@ -114,9 +147,10 @@ async def metrics_endpoint(metrics: ServerMetrics = Depends(get_metrics)) -> Res
 
 # ---- the app -------------------------------------------------------------------------------------
 def create_app(options: EngineConfig | None, served_model_name: str, api_key: str | None = None,
-               engine: AsyncEngine | None = None) -> FastAPI:
+               engine: AsyncEngine | None = None, limits: ServerLimits | None = None) -> FastAPI:
     """The server for one model. `options` build the engine at start-up; or pass a running
-    `engine` (then `options` may be None and the app does not shut the engine down)."""
+    `engine` (then `options` may be None and the app does not shut the engine down).
+    `limits`: what one request may cost before it reaches the engine (server/limits.py)."""
     if options is None and engine is None:
         raise ValueError("create_app needs EngineConfig options or a running AsyncEngine; "
                          "got neither")
@@ -142,7 +176,9 @@ def create_app(options: EngineConfig | None, served_model_name: str, api_key: st
                   description="OpenAI-compatible server for Kimi K3.1 Pro")
     app.state.served_model_name = served_model_name
     app.state.api_key = api_key
+    app.state.limits = limits or ServerLimits()
     install_error_handlers(app)
     app.include_router(v1)
+    app.include_router(tokenizer_routes)
     app.include_router(service)
     return app

@@ -25,6 +25,7 @@ class ContentStopFilter:
     def __init__(self, stop: list[str]) -> None:
         self.stop = stop
         self.held = ""
+        self.matched: str | None = None   # the stop string found (the earliest)
 
     def feed(self, text: str, may_stop: bool = True) -> tuple[str, bool]:
         """-> (text that can be sent now, whether a stop string matched). After a match the
@@ -33,10 +34,11 @@ class ContentStopFilter:
             text, self.held = self.held + text, ""
             return text, False
         buffer = self.held + text
-        starts = [i for i in (buffer.find(s) for s in self.stop) if i != -1]
+        starts = [(i, s) for s in self.stop if (i := buffer.find(s)) != -1]
         if starts:
             self.held = ""
-            return buffer[:min(starts)], True
+            start, self.matched = min(starts, key=lambda match: match[0])
+            return buffer[:start], True
         keep = self._partial_match_length(buffer)
         self.held = buffer[len(buffer) - keep:]
         return buffer[:len(buffer) - keep], False
@@ -110,8 +112,7 @@ class ChatChoiceState:
             if not is_stopped:
                 content += self.stop_filter.flush()
             update.finish_reason = ("stop" if is_stopped
-                                    else self.parser.finish_reason_override
-                                    or completion.finish_reason)
+                                    else self.parser.finish_reason(completion.finish_reason))
         else:
             content, is_stopped = self.stop_filter.feed(delta.content, self._may_stop())
             if is_stopped:

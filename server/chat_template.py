@@ -216,7 +216,7 @@ def _render_messages(messages: list[dict], is_thinking: bool) -> list[Segment]:
             if message.get("name"):
                 attributes.append(("name", message["name"]))
         body = (_assistant_body(message, is_thinking) if role == "assistant"
-                else text_segments(_content_text(message.get("content"))))
+                else content_segments(message.get("content")))
         segments += open_tag("message", attributes) + body + close_tag("message")
         segments += end_of_message()
     return segments
@@ -236,13 +236,14 @@ def _tool_name(message: dict, tool_index: int, previous_calls: list[dict]) -> st
                             f"tool_calls (and their ids) before the tool results")
 
 
-def _content_text(content: str | list[dict] | None) -> str:
-    """§2.1: text parts are joined with no separator (as the K3 renderer does)."""
+def content_segments(content: str | list[dict] | None) -> list[Segment]:
+    """§1, §2.1: a string is one text segment; a list of text parts is one text segment per
+    part, in order, with no separator (as the K3 renderer does); empty ones are left out."""
     if content is None:
-        return ""
+        return []
     if isinstance(content, str):
-        return content
-    return "".join(part["text"] for part in content)
+        return text_segments(content)
+    return [segment for part in content for segment in text_segments(part["text"])]
 
 
 def _assistant_body(message: dict, is_thinking: bool) -> list[Segment]:
@@ -253,7 +254,7 @@ def _assistant_body(message: dict, is_thinking: bool) -> list[Segment]:
         # The pair is always written; blank reasoning leaves its body out.
         segments += open_tag("think") + text_segments(reasoning if reasoning.strip() else "")
         segments += close_tag("think")
-    segments += open_tag("response") + text_segments(_content_text(message.get("content")))
+    segments += open_tag("response") + content_segments(message.get("content"))
     segments += close_tag("response")
     tool_calls = message.get("tool_calls")
     if tool_calls:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -95,6 +96,7 @@ class ChatOutputParser:
         self._is_turn_over = False  # message closed, stop id seen, or finish() called
         self._is_finished = False
         self._saw_stop_id = False
+        self._is_turn_complete = False  # the message closed or a stop id arrived
         self._is_cut_while_thinking = False  # ended by finish() inside the think channel
         self._generated_ids: list[int] = []  # the raw turn, for logging dropped parts
         self._problems: list[str] = []
@@ -126,6 +128,15 @@ class ChatOutputParser:
         `stop` / `length` stands)."""
         return "tool_calls" if self._tool_calls else None
 
+    def finish_reason(self, engine_reason: str | None) -> str | None:
+        """§3.2: `length` whenever the token limit cut the turn (also after complete calls:
+        a call that was being written is lost), else `tool_calls` if calls were returned,
+        else the engine's reason. A turn is cut when the engine says `length` before the
+        message closed or a stop id arrived."""
+        if engine_reason == "length" and not self._is_turn_complete:
+            return "length"
+        return self.finish_reason_override or engine_reason
+
     @property
     def reasoning_content(self) -> str | None:
         """All think-channel text so far, verbatim; None when there is none (§3.2)."""
@@ -148,7 +159,7 @@ class ChatOutputParser:
     # ---- token handling --------------------------------------------------------------------------
     def _step(self, token_id: int) -> None:
         if token_id in self._stop_ids:
-            self._saw_stop_id = True
+            self._saw_stop_id = self._is_turn_complete = True
             self._end_turn()
         elif token_id in (self._open_id, self._close_id):
             if self._header_ids is not None:
@@ -217,6 +228,10 @@ class ChatOutputParser:
     def _open_element(self, header: str) -> None:
         name, attributes = parse_header(header)
         parent = self._stack[-1]
+        if parent.kind == "think" and name == "think":
+            # §5: the generation prompt already opened the think channel; a repeated opener is
+            # ignored and what follows stays reasoning (its closer then closes the channel).
+            return
         if parent.kind == "think" and name in ("response", "tools"):
             # §5: a response or tools opener before <|close|>think<|sep|> ends the think channel.
             self._pop(explicitly=True)
@@ -244,6 +259,7 @@ class ChatOutputParser:
             self._pop(explicitly=False)
         self._pop(explicitly=True)
         if not self._stack:
+            self._is_turn_complete = True
             self._end_turn()  # §4: tokens after MSG_END other than stop ids are discarded
 
     def _pop(self, explicitly: bool) -> None:
@@ -267,6 +283,9 @@ class ChatOutputParser:
             parent.json_text = element.text
         elif element.kind == "call":
             self._return_call(element)
+        if element.kind in ("call", "tools") and element.text.strip():
+            self._problems.append(f"discarded stray text inside <{element.name}>: "
+                                  f"{element.text[:200]!r}")
         elif element.kind == "ignored" and element.text.strip():
             self._problems.append(f"discarded text of <{element.name}>: {element.text[:200]!r}")
 
@@ -278,8 +297,11 @@ class ChatOutputParser:
         if not self._keep_tool_calls:
             logger.debug("tool_choice='none': dropping a generated call of %r", name)
             return
+        if call.json_text is not None and call.arguments:
+            self._problems.append(f"a <json> child of call {name!r} was dropped: the call also "
+                                  "has <argument> children, which win")
         arguments = (call.json_text if call.json_text is not None and not call.arguments
-                     else json.dumps(call.arguments, ensure_ascii=False))
+                     else json.dumps(call.arguments, ensure_ascii=False, allow_nan=False))
         # §3.2: the wire carries no id; ours is unique like ATOM's `call_` + 32 hex digits.
         tool_call = ToolCall(id=f"call_{uuid.uuid4().hex}", name=name, arguments=arguments)
         self._tool_calls.append(tool_call)
@@ -310,10 +332,23 @@ def parse_header(header: str) -> tuple[str, dict[str, str]]:
 
 def decode_argument(text: str, xtml_type: str | None) -> Any:
     """§3.2: `string` (or no type) -> the raw text; other types -> the JSON-decoded stripped text,
-    or the raw text when it does not decode (§5: `number` with `abc` -> "abc")."""
+    or the raw text when it does not decode (§5: `number` with `abc` -> "abc") or when it holds
+    a non-finite number anywhere (`Infinity`, `NaN`, `1e999`), which strict JSON cannot carry."""
     if xtml_type is None or xtml_type == "string":
         return text
     try:
-        return json.loads(text.strip())
+        value = json.loads(text.strip())
     except json.JSONDecodeError:
         return text
+    return value if is_finite_json(value) else text
+
+
+def is_finite_json(value: Any) -> bool:
+    """Whether a decoded JSON value holds no infinite or NaN number, however deeply nested."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(is_finite_json(v) for v in value.values())
+    if isinstance(value, list):
+        return all(is_finite_json(v) for v in value)
+    return True

@@ -7,7 +7,9 @@ Decisions (the OpenAI reference is the contract; vLLM's extras are accepted wher
   bookkeeping fields (`user`, `metadata`, `store`, `service_tier`, ...) that do not change the
   output. Known fields that would change the output and that we do not implement
   (`frequency_penalty`, `presence_penalty`, `repetition_penalty`, `logit_bias`, `suffix`,
-  `best_of != n`, `echo` with `logprobs`) are refused with a 400 instead of being ignored.
+  `best_of != n`) are refused with a 400 instead of being ignored.
+- Completions: `echo` with `logprobs` returns the prompt tokens' logprobs too, and
+  `max_tokens=0` with `echo` returns only the prompt (what lm-eval's loglikelihood sends).
 - Chat `messages`, `tools`, `tool_choice` and `response_format` stay plain JSON here: the K3
   renderer (server/chat_template.py) checks their shapes and reports with the message's index;
   the pydantic layer only checks what the renderer does not (tool names, duplicates).
@@ -175,7 +177,7 @@ class CompletionRequest(SamplingRequest):
     list of token id lists (one completion set per prompt)."""
 
     prompt: str | list[str] | TokenIds | list[TokenIds]
-    max_tokens: int | None = Field(16, ge=1)   # OpenAI's default for legacy completions
+    max_tokens: int | None = Field(16, ge=0)   # OpenAI's default for legacy completions
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
@@ -188,9 +190,6 @@ class CompletionRequest(SamplingRequest):
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError(f"best_of is not supported by this server (got best_of="
                              f"{self.best_of}, n={self.n}); leave it out or set it equal to n")
-        if self.echo and self.logprobs is not None:
-            raise ValueError("echo with logprobs needs prompt log-probabilities, which this "
-                             "server does not compute; drop one of them")
         if not self.prompts or any(len(p) == 0 for p in self.prompts):
             raise ValueError("prompt must not be empty; give at least one character or token")
         return self
@@ -333,9 +332,15 @@ class CompletionLogprobs(ResponseModel):
     """The legacy completions format: parallel lists, one entry per generated token."""
 
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)   # None: a prompt's first
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
+
+    def extend(self, other: "CompletionLogprobs") -> None:
+        self.tokens += other.tokens
+        self.token_logprobs += other.token_logprobs
+        self.top_logprobs += other.top_logprobs
+        self.text_offset += other.text_offset
 
 
 class CompletionChoice(ResponseModel):

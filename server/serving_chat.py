@@ -11,20 +11,26 @@ engine request and frees its blocks.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
+from typing import Any
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from atomk31.engine.async_engine import AsyncEngine
 from atomk31.engine.outputs import RequestOutput, TokenLogprobs
 from server.chat_choice import ChatChoiceState, ChoiceUpdate
-from server.chat_template import ChatTemplateError, prompt_starts_in_reasoning, render_chat
+from server.chat_prompt import ChatPrompt, build_chat_prompt, check_chat_size, \
+    count_content_parts, max_prompt_tokens
+from server.chat_template import ChatTemplateError
 from server.errors import APIError, bad_request, error_json, param_named_by
+from server.limits import ServerLimits
+from server.logprobs import clamp_logprob, token_string
 from server.metrics import ServerMetrics
 from server.output_parser import ChatOutputParser, ToolCall
 from server.protocol import (
@@ -34,9 +40,8 @@ from server.protocol import (
 )
 from server.protocol import ToolCall as ToolCallOut
 from server.serving_common import (
-    SSE_DONE, ClientDisconnected, check_model, clamp_logprob, engine_error, first_output,
-    max_model_len, outputs_from, resolve_max_tokens, run_until_disconnected, sampling_params,
-    sse, token_text, top_alternatives,
+    SSE_DONE, answer, check_model, engine_error, max_model_len, outputs_from,
+    resolve_max_tokens, sampling_params, sse, start_streams,
 )
 
 logger = logging.getLogger(__name__)
@@ -51,28 +56,21 @@ class ChatRequestRun:
     """One chat request from rendered prompt to answer."""
 
     def __init__(self, body: ChatCompletionRequest, engine: AsyncEngine, metrics: ServerMetrics,
-                 model_name: str) -> None:
+                 model_name: str, prompt: ChatPrompt) -> None:
         self.body = body
         self.engine = engine
         self.metrics = metrics
         self.model_name = model_name
         self.request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.endpoint = ENDPOINT   # the metrics label
         self.created = int(time.time())
-        tokenizer = engine.tokenizer
-        try:
-            segments = render_chat(body.messages, tools=body.tools, tool_choice=body.tool_choice,
-                                   reasoning_effort=body.effective_reasoning_effort,
-                                   response_format=body.response_format)
-        except ChatTemplateError as exc:
-            raise bad_request(str(exc), param=param_named_by(str(exc), TEMPLATE_FIELDS)) from exc
-        self.prompt_token_ids = tokenizer.encode_segments(segments)
+        self.prompt_token_ids = prompt.token_ids
         max_tokens = resolve_max_tokens(len(self.prompt_token_ids), body.max_output_tokens,
                                         max_model_len(engine), "messages")
         # Stop strings are matched on the response channel here, not by the engine (§4).
         self.params = sampling_params(body, max_tokens, stop=[], logprobs=body.num_logprobs)
-        starts_in_reasoning = prompt_starts_in_reasoning(segments)
         self.choices = [
-            ChatChoiceState(i, ChatOutputParser(tokenizer, starts_in_reasoning,
+            ChatChoiceState(i, ChatOutputParser(engine.tokenizer, prompt.starts_in_reasoning,
                                                 keep_tool_calls=body.tool_choice != "none"),
                             body.stop_strings, body.min_tokens)
             for i in range(body.n)]
@@ -81,8 +79,9 @@ class ChatRequestRun:
     # ---- driving the engine ---------------------------------------------------------------------
     async def start(self) -> AsyncGenerator[RequestOutput, None]:
         """Submit the request; errors before the first token become HTTP errors."""
-        stream = self.engine.generate(self.prompt_token_ids, self.params, self.request_id)
-        return outputs_from(await first_output(stream), stream)
+        [(first, stream)] = await start_streams(
+            self.engine, [(self.prompt_token_ids, self.params, self.request_id)])
+        return outputs_from(first, stream)
 
     async def updates(self, outputs: AsyncGenerator[RequestOutput, None]
                       ) -> AsyncGenerator[list[ChoiceUpdate | None], None]:
@@ -97,7 +96,7 @@ class ChatRequestRun:
 
     def record_metrics(self, finish_reason: str | None) -> None:
         """finish_reason: choice 0's, "error", or None for a request cut off (client gone)."""
-        self.metrics.record(ENDPOINT, finish_reason or "abort", self.last_output,
+        self.metrics.record(self.endpoint, finish_reason or "abort", self.last_output,
                             sum(state.num_tokens for state in self.choices))
 
     def usage(self) -> Usage:
@@ -191,11 +190,14 @@ class ChatRequestRun:
         tokenizer = self.engine.tokenizer
         content = []
         for entry in entries:
-            text = token_text(tokenizer, entry.token_id)
             content.append(TokenLogprob(
-                token=text, logprob=clamp_logprob(entry.logprob), bytes=list(text.encode()),
-                top_logprobs=[TopLogprob(token=t, logprob=lp, bytes=list(t.encode()))
-                              for t, lp in top_alternatives(tokenizer, entry)]))
+                token=token_string(tokenizer, entry.token_id),
+                logprob=clamp_logprob(entry.logprob),
+                bytes=list(tokenizer.token_bytes(entry.token_id)),
+                top_logprobs=[TopLogprob(token=token_string(tokenizer, t),
+                                         logprob=clamp_logprob(lp),
+                                         bytes=list(tokenizer.token_bytes(t)))
+                              for t, lp in zip(entry.top_token_ids, entry.top_logprobs)]))
         return ChatLogprobs(content=content)
 
 
@@ -204,16 +206,36 @@ def _tool_call(call: ToolCall) -> ToolCallOut:
                                                          arguments=call.arguments))
 
 
+async def chat_prompt(messages: list[dict], engine: AsyncEngine, limits: ServerLimits,
+                      max_tokens: int | None, context_length: int | None = None,
+                      **render_options: Any) -> ChatPrompt:
+    """The request's prompt, bounded, rendered and tokenized in a worker thread (a large
+    request must not stall the event loop: other requests, /health). `context_length`: the
+    model's unless given (token counting checks none)."""
+    context_length = context_length or max_model_len(engine)
+
+    def build() -> ChatPrompt:
+        check_chat_size(messages, limits, count_content_parts(messages))
+        return build_chat_prompt(messages, engine.tokenizer,
+                                 max_prompt_tokens(context_length, max_tokens), context_length,
+                                 **render_options)
+
+    try:
+        return await asyncio.to_thread(build)
+    except ChatTemplateError as exc:
+        raise bad_request(str(exc), param=param_named_by(str(exc), TEMPLATE_FIELDS)) from exc
+
+
 async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                                  engine: AsyncEngine, metrics: ServerMetrics,
                                  model_name: str) -> ChatCompletionResponse | Response:
     check_model(body.model, model_name)
-    run = ChatRequestRun(body, engine, metrics, model_name)
+    prompt = await chat_prompt(body.messages, engine, request.app.state.limits,
+                               body.max_output_tokens, tools=body.tools,
+                               tool_choice=body.tool_choice,
+                               reasoning_effort=body.effective_reasoning_effort,
+                               response_format=body.response_format)
+    run = ChatRequestRun(body, engine, metrics, model_name, prompt)
     outputs = await run.start()
-    if body.stream:
-        return StreamingResponse(run.event_stream(outputs), media_type="text/event-stream")
-    try:
-        return await run_until_disconnected(request, run.full_response(outputs))
-    except ClientDisconnected:
-        logger.info("client left before chat request %s finished; aborted it", run.request_id)
-        return Response(status_code=499)
+    return await answer(request, body.stream, lambda: run.event_stream(outputs),
+                        lambda: run.full_response(outputs), f"chat request {run.request_id}")

@@ -8,22 +8,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
 
 from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
 
 from atomk31.engine.async_engine import AsyncEngine, EngineBusyError, EngineDeadError
-from atomk31.engine.outputs import RequestOutput, TokenLogprobs
+from atomk31.engine.outputs import RequestOutput
 from atomk31.engine.sampling_params import SamplingParams
-from server.errors import APIError, bad_request
+from server.errors import APIError, bad_request, quoted
 from server.protocol import SamplingRequest
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-MIN_LOGPROB = -9999.0   # -inf is not JSON; vLLM clamps the same way
 SSE_DONE = "data: [DONE]\n\n"
 
 
@@ -33,7 +33,7 @@ class ClientDisconnected(Exception):
 
 def check_model(requested: str, served_model_name: str) -> None:
     if requested != served_model_name:
-        raise APIError(404, f"the model {requested!r} does not exist; this server serves "
+        raise APIError(404, f"the model {quoted(requested)} does not exist; this server serves "
                        f"{served_model_name!r} (see GET /v1/models)", param="model",
                        code="model_not_found")
 
@@ -89,22 +89,37 @@ def engine_error(exc: Exception) -> APIError | None:
     return None
 
 
-async def first_output(stream: AsyncGenerator[RequestOutput, None]) -> RequestOutput:
-    """Start a request: wait for its first output so that an error (bad prompt, busy engine)
-    becomes the HTTP status instead of an event inside a 200 stream."""
+async def start_streams(engine: AsyncEngine,
+                        requests: list[tuple[list[int], SamplingParams, str]]
+                        ) -> list[tuple[RequestOutput, AsyncIterator[RequestOutput]]]:
+    """Submit requests together (one engine step can batch them) and wait for each one's
+    first output, so that an error (bad prompt, busy engine) becomes the HTTP status instead
+    of an event inside a 200 stream. -> (first output, the rest) per request."""
     try:
-        return await anext(stream)
-    except StopAsyncIteration as exc:
-        raise RuntimeError("the engine ended a request without any output") from exc
+        streams = await engine.submit(requests)
     except Exception as exc:
-        await stream.aclose()
-        error = engine_error(exc)
-        if error is None:
-            raise
-        raise error from exc
+        raise _as_http_error(exc) from exc
+    firsts = [asyncio.ensure_future(anext(stream)) for stream in streams]
+    try:
+        await asyncio.gather(*firsts)
+    except BaseException as exc:
+        for task in firsts:   # a cancelled wait aborts its request (RequestStream)
+            task.cancel()
+        await asyncio.gather(*firsts, return_exceptions=True)
+        for stream in streams:
+            await stream.aclose()
+        if isinstance(exc, StopAsyncIteration):
+            raise RuntimeError("the engine ended a request without any output") from exc
+        raise _as_http_error(exc) if isinstance(exc, Exception) else exc from exc
+    return [(task.result(), stream) for task, stream in zip(firsts, streams)]
 
 
-async def outputs_from(first: RequestOutput, stream: AsyncGenerator[RequestOutput, None]
+def _as_http_error(exc: Exception) -> Exception:
+    error = engine_error(exc)
+    return exc if error is None else error
+
+
+async def outputs_from(first: RequestOutput, stream: AsyncIterator[RequestOutput]
                        ) -> AsyncGenerator[RequestOutput, None]:
     """`first`, then the rest of `stream`; closing this closes `stream` (aborting its request)."""
     async with aclosing(stream):
@@ -117,18 +132,18 @@ def sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False, allow_nan=False)}\n\n"
 
 
-def clamp_logprob(value: float) -> float:
-    return max(value, MIN_LOGPROB)
-
-
-def token_text(tokenizer: Any, token_id: int) -> str:
-    """A token as text; special tokens show their names (e.g. `<|open|>`)."""
-    return tokenizer.decode([token_id], skip_special_tokens=False)
-
-
-def top_alternatives(tokenizer: Any, logprobs: TokenLogprobs) -> list[tuple[str, float]]:
-    return [(token_text(tokenizer, t), clamp_logprob(lp))
-            for t, lp in zip(logprobs.top_token_ids, logprobs.top_logprobs)]
+async def answer(request: Request, is_stream: bool,
+                 events: Callable[[], AsyncGenerator[str, None]],
+                 whole: Callable[[], Awaitable[T]], what: str) -> T | Response:
+    """The response of a started request: `events()` as server-sent events, or `whole()`
+    awaited (a client that leaves first aborts it: 499). `what` names it in the log."""
+    if is_stream:
+        return StreamingResponse(events(), media_type="text/event-stream")
+    try:
+        return await run_until_disconnected(request, whole())
+    except ClientDisconnected:
+        logger.info("client left before %s finished; aborted it", what)
+        return Response(status_code=499)
 
 
 async def run_until_disconnected(request: Request, work: Awaitable[T]) -> T:

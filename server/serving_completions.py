@@ -1,33 +1,41 @@
 """POST /v1/completions: raw text (or token ids) in, continuation out, OpenAI's legacy shape.
 
 Each prompt of a request is one engine request with `n` completions; choice `i * n + j` is
-completion j of prompt i. Stop strings are applied by the engine (on the output text). When
-streaming with stop strings, the last `len(longest stop) - 1` characters are held back until
-the choice ends, because the engine may still cut them off (a stop string can span tokens).
+completion j of prompt i. The prompts of one request are submitted to the engine together, so
+that one step batches them (a list of 32 prompts costs what 32 concurrent requests cost). Text
+prompts are tokenized in a worker thread. Stop strings are applied by the engine (on the output
+text). When streaming with stop strings, the last `len(longest stop) - 1` characters are held
+back until the choice ends, because the engine may still cut them off (a stop string can span
+tokens).
+
+`echo` puts the prompt's text before each choice's text and, with `logprobs`, the prompt
+tokens' logprobs before the generated ones (the first prompt token has none: null);
+`max_tokens=0` (with echo) returns the prompt alone: lm-eval's loglikelihood requests.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from atomk31.engine.async_engine import AsyncEngine
-from atomk31.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
-from server.errors import APIError, error_json
+from atomk31.engine.outputs import CompletionOutput, RequestOutput
+from server.errors import APIError, bad_request, error_json
+from server.logprobs import LegacyLogprobs
 from server.metrics import ServerMetrics
 from server.protocol import (
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
     PromptTokensDetails, Usage,
 )
 from server.serving_common import (
-    SSE_DONE, ClientDisconnected, check_model, clamp_logprob, engine_error, first_output,
-    max_model_len, merge_streams, outputs_from, resolve_max_tokens, run_until_disconnected,
-    sampling_params, sse, token_text, top_alternatives,
+    SSE_DONE, answer, check_model, engine_error, max_model_len, merge_streams, outputs_from,
+    resolve_max_tokens, sampling_params, sse, start_streams,
 )
 
 logger = logging.getLogger(__name__)
@@ -38,13 +46,15 @@ ENDPOINT = "completions"
 class CompletionChoiceState:
     """What has been sent of one choice (streaming) and its logprobs bookkeeping."""
 
-    def __init__(self, index: int, echo_text: str) -> None:
+    def __init__(self, index: int, echo_text: str, logprobs: LegacyLogprobs | None,
+                 echo_logprobs: CompletionLogprobs | None) -> None:
         self.index = index
         self.echo_text = echo_text
+        self.logprobs = logprobs
+        self.echo_logprobs = echo_logprobs   # the prompt's, sent before the first token's
         self.num_chars_sent = 0
         self.num_tokens_sent = 0
         self.is_echo_sent = False
-        self.text_offset = len(echo_text)
         self.finish_reason: str | None = None
 
 
@@ -52,57 +62,67 @@ class CompletionRequestRun:
     """One completions request: its prompts, engine streams and answer."""
 
     def __init__(self, body: CompletionRequest, engine: AsyncEngine, metrics: ServerMetrics,
-                 model_name: str) -> None:
+                 model_name: str, prompt_token_ids: list[list[int]]) -> None:
         self.body = body
         self.engine = engine
         self.metrics = metrics
         self.model_name = model_name
         self.request_id = f"cmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        tokenizer = engine.tokenizer
+        self.prompt_token_ids = prompt_token_ids
+        self.is_prompt_only = body.max_tokens == 0   # generate one token, return none
         context_length = max_model_len(engine)
-        self.prompt_token_ids = [tokenizer.encode(p) if isinstance(p, str) else p
-                                 for p in body.prompts]
         self.params = []
         for ids in self.prompt_token_ids:
             if not ids:
                 raise APIError(400, "a prompt encodes to no tokens; give at least one character",
                                param="prompt")
-            max_tokens = resolve_max_tokens(len(ids), body.max_tokens, context_length, "prompt")
-            self.params.append(sampling_params(body, max_tokens, stop=body.stop_strings,
-                                               logprobs=body.logprobs))
+            max_tokens = resolve_max_tokens(len(ids), 1 if self.is_prompt_only
+                                            else body.max_tokens, context_length, "prompt")
+            params = sampling_params(body, max_tokens, stop=body.stop_strings,
+                                     logprobs=body.logprobs)
+            params.prompt_logprobs = body.logprobs if body.echo else None
+            self.params.append(params)
         self.hold_back = max((len(s) for s in body.stop_strings), default=1) - 1
-        self.choices = [
-            CompletionChoiceState(i * body.n + j,
-                                  tokenizer.decode(ids) if body.echo else "")
-            for i, ids in enumerate(self.prompt_token_ids) for j in range(body.n)]
+        self.choices: list[CompletionChoiceState] = []
         self.last_outputs: list[RequestOutput | None] = [None] * len(self.prompt_token_ids)
 
     async def start(self) -> AsyncGenerator[tuple[int, RequestOutput], None]:
-        """Submit every prompt; errors before their first tokens become HTTP errors."""
-        started: list[AsyncGenerator[RequestOutput, None]] = []
-        try:
-            for i, (ids, params) in enumerate(zip(self.prompt_token_ids, self.params)):
-                stream = self.engine.generate(ids, params, f"{self.request_id}-{i}")
-                started.append(outputs_from(await first_output(stream), stream))
-        except BaseException:
-            for stream in started:
-                await stream.aclose()
-            raise
-        return merge_streams(started)
+        """Submit every prompt in one batch; errors before the first tokens become HTTP
+        errors."""
+        requests = [(ids, params, f"{self.request_id}-{i}")
+                    for i, (ids, params) in enumerate(zip(self.prompt_token_ids, self.params))]
+        started = await start_streams(self.engine, requests)
+        self.choices = [self._choice_state(i, j, first) for i, (first, _) in enumerate(started)
+                        for j in range(self.body.n)]
+        return merge_streams([outputs_from(first, stream) for first, stream in started])
+
+    def _choice_state(self, i: int, j: int, first: RequestOutput) -> CompletionChoiceState:
+        tokenizer = self.engine.tokenizer
+        ids = self.prompt_token_ids[i]
+        echo_text = tokenizer.decode(ids) if self.body.echo else ""
+        if self.body.logprobs is None:
+            return CompletionChoiceState(i * self.body.n + j, echo_text, None, None)
+        echo_logprobs = None
+        if self.body.echo:
+            entries = first.prompt_logprobs or [None] * len(ids)
+            echo_logprobs = LegacyLogprobs(tokenizer, 0, counts_special=True).take(ids, entries)
+        logprobs = LegacyLogprobs(tokenizer, len(echo_text), counts_special=False)
+        return CompletionChoiceState(i * self.body.n + j, echo_text, logprobs, echo_logprobs)
 
     def record_metrics(self, is_complete: bool) -> None:
         for i, output in enumerate(self.last_outputs):
             n = self.body.n
             choices = self.choices[i * n:(i + 1) * n]
-            reason = choices[0].finish_reason if is_complete else None
+            reason = choices[0].finish_reason if is_complete and choices else None
             num_tokens = sum(len(c.token_ids) for c in output.outputs) if output else 0
             self.metrics.record(ENDPOINT, reason or "abort", output, num_tokens)
 
     def usage(self) -> Usage:
         num_prompt = sum(len(ids) for ids in self.prompt_token_ids)
         outputs = [o for o in self.last_outputs if o is not None]
-        num_generated = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+        num_generated = 0 if self.is_prompt_only else sum(
+            len(c.token_ids) for o in outputs for c in o.outputs)
         return Usage(prompt_tokens=num_prompt, completion_tokens=num_generated,
                      total_tokens=num_prompt + num_generated,
                      prompt_tokens_details=PromptTokensDetails(
@@ -120,12 +140,8 @@ class CompletionRequestRun:
             for state, completion in self._completions():
                 state.finish_reason = completion.finish_reason
             self.record_metrics(is_complete)
-        choices = [CompletionChoice(
-            index=state.index, text=state.echo_text + completion.text,
-            logprobs=self._logprobs(state, completion.logprobs or [])
-            if self.body.logprobs is not None else None,
-            finish_reason=completion.finish_reason)
-            for state, completion in self._completions()]
+        choices = [CompletionChoice(**self._new_part(state, completion))
+                   for state, completion in self._completions()]
         return CompletionResponse(id=self.request_id, created=self.created,
                                   model=self.model_name, choices=choices, usage=self.usage())
 
@@ -166,24 +182,35 @@ class CompletionRequestRun:
                        completion: CompletionOutput) -> dict | None:
         if state.finish_reason is not None:
             return None
-        text = completion.text
+        part = self._new_part(state, completion)
+        state.finish_reason = completion.finish_reason
+        if not part["text"] and not completion.finished and not (
+                part["logprobs"] is not None and part["logprobs"].tokens):
+            return None
+        return CompletionChoice(**part).model_dump(mode="json")
+
+    def _new_part(self, state: CompletionChoiceState, completion: CompletionOutput) -> dict:
+        """What `completion` adds to `state` beyond what was sent: the choice's fields."""
+        text = "" if self.is_prompt_only else completion.text
         # A stop string may still cut the tail off; send it once the choice has ended.
         end = len(text) if completion.finished else max(len(text) - self.hold_back,
                                                          state.num_chars_sent)
         new_text = text[state.num_chars_sent:end]
+        state.num_chars_sent = end
+        logprobs = None
+        if state.logprobs is not None:
+            logprobs = CompletionLogprobs()
+            if not state.is_echo_sent and state.echo_logprobs is not None:
+                logprobs.extend(state.echo_logprobs)
+            if not self.is_prompt_only:
+                entries = (completion.logprobs or [])[state.num_tokens_sent:]
+                ids = completion.token_ids[state.num_tokens_sent:]
+                logprobs.extend(state.logprobs.take(ids, entries))
+        state.num_tokens_sent = len(completion.token_ids)
         if not state.is_echo_sent:
             new_text, state.is_echo_sent = state.echo_text + new_text, True
-        state.num_chars_sent = end
-        new_logprobs = (completion.logprobs or [])[state.num_tokens_sent:]
-        state.num_tokens_sent = len(completion.token_ids)
-        state.finish_reason = completion.finish_reason
-        if not new_text and not completion.finished and not (
-                self.body.logprobs is not None and new_logprobs):
-            return None
-        logprobs = (self._logprobs(state, new_logprobs)
-                    if self.body.logprobs is not None else None)
-        return CompletionChoice(index=state.index, text=new_text, logprobs=logprobs,
-                                finish_reason=completion.finish_reason).model_dump(mode="json")
+        return {"index": state.index, "text": new_text, "logprobs": logprobs,
+                "finish_reason": completion.finish_reason}
 
     def _chunk(self, choices: list[dict], usage: Usage | None = None) -> str:
         payload = {"id": self.request_id, "object": "text_completion", "created": self.created,
@@ -192,32 +219,21 @@ class CompletionRequestRun:
             payload["usage"] = usage.model_dump(mode="json") if usage is not None else None
         return sse(payload)
 
-    def _logprobs(self, state: CompletionChoiceState,
-                  entries: list[TokenLogprobs]) -> CompletionLogprobs:
-        """Legacy logprobs of `entries`; text offsets continue from what `state` has seen."""
-        tokenizer = self.engine.tokenizer
-        result = CompletionLogprobs()
-        for entry in entries:
-            text = token_text(tokenizer, entry.token_id)
-            result.tokens.append(text)
-            result.token_logprobs.append(clamp_logprob(entry.logprob))
-            result.top_logprobs.append(dict(top_alternatives(tokenizer, entry)))
-            result.text_offset.append(state.text_offset)
-            state.text_offset += len(text)
-        return result
-
 
 async def create_completion(body: CompletionRequest, request: Request, engine: AsyncEngine,
                             metrics: ServerMetrics, model_name: str
                             ) -> CompletionResponse | Response:
     check_model(body.model, model_name)
-    run = CompletionRequestRun(body, engine, metrics, model_name)
+    if body.max_tokens == 0 and not body.echo:
+        raise bad_request("max_tokens must be >= 1, got 0: max_tokens=0 generates nothing and is "
+                          "only allowed with echo=true (the prompt and its logprobs)",
+                          param="max_tokens")
+    tokenizer = engine.tokenizer
+    # A long text prompt takes a while to tokenize: off the event loop.
+    prompt_token_ids = await asyncio.to_thread(
+        lambda: [tokenizer.encode(p) if isinstance(p, str) else p for p in body.prompts])
+    run = CompletionRequestRun(body, engine, metrics, model_name, prompt_token_ids)
     outputs = await run.start()
-    if body.stream:
-        return StreamingResponse(run.event_stream(outputs), media_type="text/event-stream")
-    try:
-        return await run_until_disconnected(request, run.full_response(outputs))
-    except ClientDisconnected:
-        logger.info("client left before completion request %s finished; aborted it",
-                    run.request_id)
-        return Response(status_code=499)
+    return await answer(request, body.stream, lambda: run.event_stream(outputs),
+                        lambda: run.full_response(outputs),
+                        f"completion request {run.request_id}")

@@ -69,15 +69,15 @@ def validate_tools(tools: Any, where: str) -> list[dict]:
         place = f"{where}[{i}]"
         if not isinstance(tool, dict) or tool.get("type") != "function":
             raise ChatTemplateError(f'{place} must be {{"type": "function", "function": {{...}}}}, '
-                                    f"got {_short(tool)}")
+                                    f"got {short_repr(tool)}")
         function = tool.get("function")
         if not isinstance(function, dict):
             raise ChatTemplateError(f"{place}.function must be an object with a 'name', got "
-                                    f"{_short(function)}")
+                                    f"{short_repr(function)}")
         name = function.get("name")
         if not isinstance(name, str) or not name:
             raise ChatTemplateError(f"{place}.function.name must be a non-empty string, got "
-                                    f"{_short(name)}")
+                                    f"{short_repr(name)}")
         parameters = function.get("parameters")
         if parameters is not None and not isinstance(parameters, dict):
             raise ChatTemplateError(f"{place}.function.parameters must be a JSON Schema object, "
@@ -111,7 +111,7 @@ def resolve_tool_choice(tool_choice: str | dict | None,
         name = function.get("name") if isinstance(function, dict) else None
         if tool_choice.get("type") != "function" or not isinstance(name, str):
             raise ChatTemplateError('a named tool_choice must be {"type": "function", "function": '
-                                    f'{{"name": "..."}}}}, got {_short(tool_choice)}')
+                                    f'{{"name": "..."}}}}, got {short_repr(tool_choice)}')
         chosen = [tool for tool in tools or [] if tool["function"]["name"] == name]
         if not chosen:
             declared = [tool["function"]["name"] for tool in tools or []]
@@ -119,7 +119,7 @@ def resolve_tool_choice(tool_choice: str | dict | None,
                                     f"'tools' (declared: {declared}); declare it in 'tools'")
         return chosen[:1], CHOICE_REQUIRED
     raise ChatTemplateError(f"tool_choice must be 'auto', 'none', 'required' or a named function, "
-                            f"got {_short(tool_choice)}")
+                            f"got {short_repr(tool_choice)}")
 
 
 # ---- thinking effort -----------------------------------------------------------------------------
@@ -139,7 +139,7 @@ def thinking_effort(reasoning_effort: str | None) -> str | None:
     if effort not in THINKING_EFFORTS:
         accepted = [*THINKING_EFFORTS, *EFFORT_ALIASES, NO_THINKING]
         raise ChatTemplateError(f"reasoning_effort must be one of {accepted}, got "
-                                f"{_short(reasoning_effort)}")
+                                f"{short_repr(reasoning_effort)}")
     return effort
 
 
@@ -164,13 +164,13 @@ def response_format_note(response_format: dict | None) -> str | None:
         if not isinstance(schema, dict):
             raise ChatTemplateError("response_format of type 'json_schema' needs "
                                     "json_schema.schema, a JSON Schema object; got "
-                                    f"{_short(json_schema)}")
+                                    f"{short_repr(json_schema)}")
         return RF_SCHEMA_HEADER + fenced_json(schema)
     raise ChatTemplateError("response_format must be {'type': 'text' | 'json_object' | "
-                            f"'json_schema', ...}}, got {_short(response_format)}")
+                            f"'json_schema', ...}}, got {short_repr(response_format)}")
 
 
-def _short(value: Any, limit: int = 80) -> str:
+def short_repr(value: Any, limit: int = 80) -> str:
     """`repr` of a client value, cut so an error message stays readable."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."

@@ -129,6 +129,16 @@ class BlockPool:
             else:
                 self._free_cached[block] = None  # newest end of the eviction order
 
+    def share(self, blocks: list[int]) -> None:
+        """Take one more reference on each in-use block: a forked sequence (n > 1) reads the
+        full prompt blocks of the sequence it forked from. Each reference is freed once."""
+        for block in blocks:
+            self._check_block(block)
+            if self._ref_counts[block] == 0:
+                raise ValueError(f"block {block} is free; share only blocks a sequence holds")
+        for block in blocks:
+            self._ref_counts[block] += 1
+
     def ref_count(self, block: int) -> int:
         self._check_block(block)
         return self._ref_counts[block]

@@ -117,6 +117,13 @@ class Tokenizer:
         kept = [i for i in map(int, ids) if i in self._known_ids and i not in skipped]
         return self._encoding.decode_bytes(kept).decode("utf-8", errors="replace")
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (a special token: its name's UTF-8); a byte-level
+        token may be part of a character, which `decode` would show as U+FFFD."""
+        if token_id not in self._known_ids:
+            raise ValueError(f"token id {token_id} is not in this tokenizer's vocabulary")
+        return self._encoding.decode_single_token_bytes(token_id)
+
     # ---- vocabulary ----------------------------------------------------------------------
     def token_id(self, name: str) -> int:
         """The id of a special token, e.g. `token_id("<|end_of_msg|>")`."""

@@ -15,6 +15,7 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from atomk31.config import EngineConfig
@@ -73,29 +74,38 @@ class AsyncEngine:
 
         Raises the engine's ValueError (e.g. a prompt over the context length) before the
         first output, and EngineBusyError when the waiting queue is full."""
+        [stream] = await self.submit([(prompt, params, request_id)])
+        async with aclosing(stream):
+            async for out in stream:
+                yield out
+
+    async def submit(self, requests: list[tuple[str | list[int], SamplingParams, str | None]]
+                     ) -> list[RequestStream]:
+        """Add `(prompt, params, request_id or None)` requests in one command, so that the
+        engine admits them together and one step batches them; -> one stream per request.
+
+        Raises (and adds none) when one is refused: the engine's ValueError for a bad prompt,
+        EngineBusyError when the waiting queue is full. Close a stream to abort its request."""
         if self._error is not None:
             raise EngineDeadError(f"the engine stopped after an error: {self._error!r}")
-        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         loop = asyncio.get_running_loop()
-        outputs: asyncio.Queue = asyncio.Queue()
+        named = [(prompt, params, rid if rid is not None else f"req-{next(self._ids)}")
+                 for prompt, params, rid in requests]
+        streams = [RequestStream(self, rid) for _, _, rid in named]
+        for stream in streams:
+            self._streams[stream.request_id] = (loop, stream.outputs)
         added = loop.create_future()
-        self._streams[request_id] = (loop, outputs)
-        self._commands.put(("add", request_id, prompt, params, loop, added))
-        finished = False
+        self._commands.put(("add", named, loop, added))
         try:
             await added
-            while True:
-                out = await outputs.get()
-                if isinstance(out, BaseException):
-                    raise out
-                yield out
-                if out.finished:
-                    finished = True
-                    return
-        finally:
-            self._streams.pop(request_id, None)
-            if not finished:
-                self.abort(request_id)
+        except BaseException:
+            for stream in streams:
+                self._streams.pop(stream.request_id, None)
+            if not added.done() or added.cancelled():   # cancelled: they may be added
+                for stream in streams:
+                    self.abort(stream.request_id)
+            raise
+        return streams
 
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
@@ -158,22 +168,70 @@ class AsyncEngine:
         if kind == "abort":
             self.engine.abort_request(command[1])
         elif kind == "add":
-            _, request_id, prompt, params, loop, added = command
+            _, requests, loop, added = command
             try:
                 if len(self.engine.scheduler.waiting) >= self.max_num_waiting:
                     raise EngineBusyError(f"the waiting queue is full ({self.max_num_waiting} "
                                           "requests); retry later")
-                self.engine.add_request(prompt, params, request_id)
+                self.engine.add_requests(requests)
             except Exception as exc:  # reported to the caller, the engine goes on
-                loop.call_soon_threadsafe(_settle, added, exc)
+                _call_soon(loop, _settle, added, exc)
             else:
-                loop.call_soon_threadsafe(_settle, added, None)
+                _call_soon(loop, _settle, added, None)
 
     def _publish(self, request_id: str, item: RequestOutput | BaseException) -> None:
         stream = self._streams.get(request_id)
         if stream is not None:
             loop, outputs = stream
-            loop.call_soon_threadsafe(outputs.put_nowait, item)
+            _call_soon(loop, outputs.put_nowait, item)
+
+
+class RequestStream:
+    """One submitted request's outputs, as an async iterator (cumulative outputs, the last one
+    `finished`). Leaving early, by `aclose()` or by cancelling a pending `__anext__`, aborts
+    the request, which frees its blocks and state slots."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str) -> None:
+        self.engine = engine
+        self.request_id = request_id
+        self.outputs: asyncio.Queue = asyncio.Queue()
+        self.is_done = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.is_done:
+            raise StopAsyncIteration
+        try:
+            out = await self.outputs.get()
+        except BaseException:   # cancelled while waiting: nobody will read the rest
+            await self.aclose()
+            raise
+        if isinstance(out, BaseException):
+            self._end()
+            raise out
+        if out.finished:
+            self._end()
+        return out
+
+    async def aclose(self) -> None:
+        if not self.is_done:
+            self._end()
+            self.engine.abort(self.request_id)
+
+    def _end(self) -> None:
+        self.is_done = True
+        self.engine._streams.pop(self.request_id, None)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, *call) -> None:
+    """`loop.call_soon_threadsafe(*call)`, nothing once the loop has closed (a caller that
+    left; the engine thread must not die of it)."""
+    try:
+        loop.call_soon_threadsafe(*call)
+    except RuntimeError:
+        pass
 
 
 def _settle(future: asyncio.Future, exc: BaseException | None) -> None:

@@ -111,14 +111,17 @@ class DecodeInputs:
         self.scratch_block, self.scratch_slot = scratch_block, scratch_slot
         columns = context // block_size
         rows = torch.arange(batch, device=device)
+        # ids, positions, cache slots and state slots side by side: one copy fills them
+        self.columns = torch.zeros(4, batch, dtype=torch.int64, device=device)
+        ids, positions, slot_mapping, state_slots = self.columns.unbind(0)
         self.batch = ForwardBatch(
-            input_ids=torch.zeros(batch, dtype=torch.int64, device=device),
-            positions=torch.zeros(batch, dtype=torch.int64, device=device),
+            input_ids=ids,
+            positions=positions,
             token_request=rows.to(torch.int32),
             cu_seqlens=torch.arange(batch + 1, dtype=torch.int32, device=device),
             block_tables=torch.full((batch, columns), -1, dtype=torch.int32, device=device),
-            slot_mapping=torch.zeros(batch, dtype=torch.int64, device=device),
-            state_slots=torch.zeros(batch, dtype=torch.int64, device=device),
+            slot_mapping=slot_mapping,
+            state_slots=state_slots,
             has_initial_state=torch.ones(batch, dtype=torch.bool, device=device),
             logits_indices=rows,
             snapshots=torch.zeros(0, 3, dtype=torch.int64, device=device),
@@ -147,11 +150,11 @@ class DecodeInputs:
         slots += [self.scratch_block * bs] * padding
         state_slots += [self.scratch_slot] * padding
         tables[len(scheduled):, 0] = self.scratch_block
-        b = self.batch
-        for target, values in ((b.input_ids, ids), (b.positions, positions),
-                               (b.slot_mapping, slots), (b.state_slots, state_slots)):
-            target.copy_(torch.tensor(values, dtype=target.dtype), non_blocking=True)
-        b.block_tables.copy_(tables, non_blocking=True)
+        host = torch.tensor([ids, positions, slots, state_slots], dtype=torch.int64)
+        if self.columns.is_cuda:         # pinned: the copies are asynchronous
+            host, tables = host.pin_memory(), tables.pin_memory()
+        self.columns.copy_(host, non_blocking=True)
+        self.batch.block_tables.copy_(tables, non_blocking=True)
 
 
 class _Graph:

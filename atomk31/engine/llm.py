@@ -47,6 +47,7 @@ class LLM:
                  kv_cache_dtype: str = "auto", index_cache_dtype: str = "fp8",
                  device: str | None = None, gpu_memory_utilization: float = 0.9,
                  kv_cache_memory: int | None = None, snapshot_fraction: float = 0.1,
+                 kda_snapshot_interval: int = 2048,
                  online_quant_config: dict | None = None, seed: int = 0,
                  enforce_eager: bool = False):
         if model is None:
@@ -58,7 +59,8 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching, kv_cache_dtype=kv_cache_dtype,
             index_cache_dtype=index_cache_dtype, device=device,
             gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory=kv_cache_memory,
-            snapshot_fraction=snapshot_fraction, online_quant_config=online_quant_config,
+            snapshot_fraction=snapshot_fraction, kda_snapshot_interval=kda_snapshot_interval,
+            online_quant_config=online_quant_config,
             seed=seed, enforce_eager=enforce_eager)
         self.engine = LLMEngine(options)
 

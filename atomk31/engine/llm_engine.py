@@ -68,7 +68,10 @@ class LLMEngine:
             for op, shape, target, kernel, passed_over in table.describe():
                 logger.debug("%s %s [%s] -> %s %s (%s)", step, op, shape, target, kernel,
                              passed_over)
-        tensors = load_checkpoint(options.model, self.model_config)
+        # straight onto the device: the bytes are read as the progress bar counts them (a
+        # CPU load of mmapped files reads them only when first touched), no host-memory copy
+        # of the checkpoint, and the online PTPC quantizer then runs on the GPU
+        tensors = load_checkpoint(options.model, self.model_config, device=device)
         if options.online_quant_config is not None:
             tensors = quantize_linears_ptpc(tensors, options.online_quant_config,
                                             self.config.fp8_variant)
@@ -113,7 +116,9 @@ class LLMEngine:
         self.snapshots = SnapshotIndex(self.state_pool, plan.num_snapshot_slots
                                        if options.enable_prefix_caching else 0)
         self.scheduler = Scheduler(self.block_pool, self.state_pool, self.snapshots,
-                                   options.max_num_seqs, options.max_num_batched_tokens)
+                                   options.max_num_seqs, options.max_num_batched_tokens,
+                                   options.kda_snapshot_interval // options.block_size,
+                                   copy_block=self._copy_block)
         self.runner = ModelRunner(self.model, self.kernels, kv_views, self.state_pool,
                                   options.block_size, self.device,
                                   self.stop_checker.suppressed_token_ids)
@@ -128,6 +133,10 @@ class LLMEngine:
                 copy_state=self.state_pool.copy)
         else:
             logger.info("decode steps run eagerly: %s", self.why_eager)
+
+    def _copy_block(self, src: int, dst: int) -> None:
+        """One block's row of the packed pool (every MLA layer's pages) into another."""
+        self.kv_pool[dst].copy_(self.kv_pool[src])
 
     def _cache_budget(self, options: EngineConfig) -> int:
         if options.kv_cache_memory is not None:
@@ -151,17 +160,29 @@ class LLMEngine:
     # -- requests -----------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams,
                     request_id: str | None = None) -> str:
-        request_id = request_id if request_id is not None else str(next(self._ids))
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        text = prompt if isinstance(prompt, str) else None
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self._check_prompt(ids, params)
-        seqs = [Sequence(request_id, ids, params, index=i) for i in range(params.n)]
-        self.requests[request_id] = _Request(request_id, text, seqs)
-        for seq in seqs:
-            self.scheduler.add(seq)
-        return request_id
+        return self.add_requests([(prompt, params, request_id)])[0]
+
+    def add_requests(self, requests: list[tuple[str | list[int], SamplingParams, str | None]]
+                     ) -> list[str]:
+        """Admit several `(prompt, params, request_id or None)` at once, so that the next step
+        can batch them all; every request is checked first and none is added if one fails.
+        A request with n > 1 queues its first completion; the others fork from it once its
+        prompt is computed (scheduler.py)."""
+        built = []
+        for prompt, params, request_id in requests:
+            request_id = request_id if request_id is not None else str(next(self._ids))
+            if request_id in self.requests or any(r.request_id == request_id for r in built):
+                raise ValueError(f"request id {request_id!r} is already in use")
+            text = prompt if isinstance(prompt, str) else None
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            self._check_prompt(ids, params)
+            seqs = [Sequence(request_id, ids, params, index=i) for i in range(params.n)]
+            seqs[0].forks = seqs[1:]
+            built.append(_Request(request_id, text, seqs))
+        for request in built:
+            self.requests[request.request_id] = request
+            self.scheduler.add(request.seqs[0])
+        return [request.request_id for request in built]
 
     def _check_prompt(self, ids: list[int], params: SamplingParams) -> None:
         limit = self.config.max_model_len
@@ -198,15 +219,19 @@ class LLMEngine:
         if not scheduled:
             return []
         sampled = self.runner.run(scheduled)
+        # n > 1: prefills that just ended; their other completions continue from this prompt
+        forking = [item.seq for item in scheduled if item.seq.forks and item.is_last_chunk]
         self.scheduler.complete(scheduled)
         touched: dict[str, _Request] = {}
-        for item, token, logprobs in sampled:
-            seq = item.seq
+        for seq, token, logprobs in sampled:
             seq.append_token(token, logprobs)
             self.stop_checker.check(seq, self.config.max_model_len)
+            touched[seq.request_id] = self.requests[seq.request_id]
+        for parent in forking:
+            self.scheduler.fork(parent)
+        for seq, _, _ in sampled:
             if seq.is_finished:
                 self.scheduler.finish(seq)
-            touched[seq.request_id] = self.requests[seq.request_id]
         outputs = [self._output(request) for request in touched.values()]
         for out in outputs:
             if out.finished:
@@ -221,5 +246,6 @@ class LLMEngine:
             outputs=[seq.to_completion_output() for seq in request.seqs],
             finished=all(seq.is_finished for seq in request.seqs),
             num_cached_tokens=first.num_cached_tokens,
+            prompt_logprobs=list(first.prompt_logprobs) if first.prompt_logprobs else None,
             metrics=RequestMetrics(first.arrival_time, first.first_token_time,
                                    first.finished_time))

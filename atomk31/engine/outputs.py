@@ -62,6 +62,8 @@ class RequestOutput:
     """A request's result: its prompt and its `n` completions.
 
     num_cached_tokens: prompt tokens served from the prefix cache at admission.
+    prompt_logprobs: with SamplingParams.prompt_logprobs, one entry per prompt token (None for
+    the first, which has no context), else None.
     """
 
     request_id: str
@@ -71,3 +73,4 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None

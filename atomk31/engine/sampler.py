@@ -175,18 +175,22 @@ def _logprobs(
     if not rows:
         return result
     index = torch.tensor(rows, device=logits.device)
-    logprobs = logits[index].log_softmax(dim=-1)
-    chosen_ids = token_ids[index]
-    chosen = logprobs.gather(1, chosen_ids[:, None])[:, 0].tolist()
-    num_top = min(max(params[i].logprobs for i in rows), logprobs.shape[-1])
-    top_values, top_ids = logprobs.topk(num_top, dim=-1)
-    top_values, top_ids = top_values.tolist(), top_ids.tolist()
-    for j, (i, token_id) in enumerate(zip(rows, chosen_ids.tolist())):
+    num_top = max(params[i].logprobs for i in rows)
+    for i, entry in zip(rows, token_logprobs(logits[index], token_ids[index], num_top)):
         n = params[i].logprobs
-        result[i] = TokenLogprobs(
-            token_id=token_id,
-            logprob=chosen[j],
-            top_token_ids=top_ids[j][:n],
-            top_logprobs=top_values[j][:n],
-        )
+        entry.top_token_ids, entry.top_logprobs = entry.top_token_ids[:n], entry.top_logprobs[:n]
+        result[i] = entry
     return result
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
+                   num_top: int) -> list[TokenLogprobs]:
+    """logits [M, V] fp32, token_ids [M]: per row, token_ids[row]'s logprob and the num_top
+    best of log_softmax(logits) (the raw distribution, outputs.py)."""
+    logprobs = logits.log_softmax(dim=-1)
+    chosen = logprobs.gather(1, token_ids[:, None])[:, 0].tolist()
+    top_values, top_ids = logprobs.topk(min(num_top, logprobs.shape[-1]), dim=-1)
+    top_values, top_ids = top_values.tolist(), top_ids.tolist()
+    return [TokenLogprobs(token_id=t, logprob=chosen[j], top_token_ids=top_ids[j],
+                          top_logprobs=top_values[j])
+            for j, t in enumerate(token_ids.tolist())]

@@ -31,8 +31,10 @@ class SamplingParams:
     (None = until the context is full). min_tokens: output tokens generated before EOS, stop
     tokens or stop strings may end the request. stop / stop_token_ids: extra stop conditions.
     ignore_eos: keep going past EOS. logprobs: also return the top-n log-probabilities of each
-    generated token (0 = only the chosen token's). skip_special_tokens: leave special tokens out
-    of the text. include_stop_str_in_output: keep the matched stop string (or stop token's text).
+    generated token (0 = only the chosen token's). prompt_logprobs: likewise for every prompt
+    token after the first (given the tokens before it). skip_special_tokens: leave special
+    tokens out of the text. include_stop_str_in_output: keep the matched stop string (or stop
+    token's text).
     """
 
     n: int = 1
@@ -47,6 +49,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
 
@@ -87,10 +90,10 @@ class SamplingParams:
         if self.seed is not None and not 0 <= self.seed <= MAX_SEED - (self.n - 1):
             raise ValueError(f"seed must be in [0, {MAX_SEED - (self.n - 1)}] (a 64-bit "
                              f"generator seed, plus n - 1), got {self.seed}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ValueError(
-                f"logprobs must be in [0, {MAX_LOGPROBS}] or None, got {self.logprobs}"
-            )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}] or None, got {value}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must hold non-empty strings, got {self.stop!r}")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):

@@ -5,7 +5,10 @@ and its KDA state slot, how many tokens have their cache/state written, its text
 how it finished. It knows nothing of the model or of what the blocks contain; the scheduler
 and model runner move it between states. (Idea from nano-vllm's engine/sequence.py.)
 
-A request with `n > 1` becomes n sequences sharing request_id, with `index` 0..n-1.
+A request with `n > 1` becomes n sequences sharing request_id, with `index` 0..n-1. Only the
+first is scheduled at first; the others wait in its `forks` and fork from it once its prompt is
+computed (they share its full prompt blocks and copy its KDA state, scheduler.py), so the prompt
+is computed once.
 """
 
 from __future__ import annotations
@@ -81,6 +84,13 @@ class Sequence:
         self.num_cached_tokens = 0
 
         self.output_logprobs: list[TokenLogprobs] = []
+        # sampling_params.prompt_logprobs: entry p is token p's logprobs given tokens[:p]
+        # (None for p = 0, and until the model has computed position p - 1)
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = (
+            [None] * self.num_prompt_tokens if sampling_params.prompt_logprobs is not None
+            else None)
+        # sequences of the same request that fork from this one after its prefill (n > 1)
+        self.forks: list[Sequence] = []
         self.output_text = ""
         self.prefix_offset = max(self.num_prompt_tokens - NUM_DETOKENIZE_CONTEXT_TOKENS, 0)
         self.read_offset = self.num_prompt_tokens
@@ -131,6 +141,21 @@ class Sequence:
     def finish_reason(self) -> str | None:
         """"stop", "length", "abort", or None while not finished."""
         return FINISH_REASONS.get(self.status)
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Prompt logprobs are asked for and not all computed yet (the prefix cache must not
+        skip any prompt position then)."""
+        return self.prompt_logprobs is not None and self.num_output_tokens == 0
+
+    def fork(self, child: Sequence) -> None:
+        """Make `child` (a not yet scheduled completion of this request) continue from this
+        sequence's computed prompt: same computed count and detokenization offsets. Its blocks
+        and state slot are the scheduler's business."""
+        if child.token_ids[:self.num_prompt_tokens] != self.prompt_token_ids:
+            raise ValueError(f"{child!r} cannot fork from {self!r}: their prompts differ")
+        child.num_computed_tokens = self.num_prompt_tokens
+        child.status = SequenceStatus.RUNNING
 
     @property
     def cumulative_logprob(self) -> float | None:

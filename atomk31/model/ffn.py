@@ -3,6 +3,8 @@ latent MoE (§4.7) with MXFP4 (or dequantized BF16) routed experts and the share
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from atomk31.config import ModelConfig
@@ -59,22 +61,19 @@ class LatentMoE:
         experts = [f"{e}experts.{i}." for i in range(config.num_experts)]
         self.is_mxfp4 = weights.has(experts[0] + "w1.weight_packed")
         if self.is_mxfp4:
-            self.w13_packed = _stack([torch.cat([weights.take_raw(p + "w1.weight_packed"),
-                                                 weights.take_raw(p + "w3.weight_packed")])
-                                      for p in experts])
-            self.w13_scales = _stack([torch.cat([weights.take_raw(p + "w1.weight_scale"),
-                                                 weights.take_raw(p + "w3.weight_scale")])
-                                      for p in experts])
-            self.w2_packed = _stack([weights.take_raw(p + "w2.weight_packed") for p in experts])
-            self.w2_scales = _stack([weights.take_raw(p + "w2.weight_scale") for p in experts])
+            self.w13_packed = _stack_experts(weights.take_raw, experts,
+                                             ("w1.weight_packed", "w3.weight_packed"))
+            self.w13_scales = _stack_experts(weights.take_raw, experts,
+                                             ("w1.weight_scale", "w3.weight_scale"))
+            self.w2_packed = _stack_experts(weights.take_raw, experts, ("w2.weight_packed",))
+            self.w2_scales = _stack_experts(weights.take_raw, experts, ("w2.weight_scale",))
             # Once per layer, at load (one host sync here, none per step): whether every
             # scale byte allows the kernels' one-multiply decode (ops/moe.py's docstring).
             self.one_factor_exact = mxfp4_scales_allow_one_factor(self.w13_scales,
                                                                   self.w2_scales)
         else:
-            self.w13 = _stack([weights.take_cat([p + "w1.weight", p + "w3.weight"])
-                               for p in experts])
-            self.w2 = _stack([weights.take(p + "w2.weight") for p in experts])
+            self.w13 = _stack_experts(weights.take, experts, ("w1.weight", "w3.weight"))
+            self.w2 = _stack_experts(weights.take, experts, ("w2.weight",))
 
     @property
     def ops_called(self) -> tuple[str, ...]:
@@ -101,5 +100,17 @@ class LatentMoE:
         return y + self.shared.forward(x, ops) if self.shared is not None else y
 
 
-def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return torch.stack(tensors).contiguous()
+def _stack_experts(take: Callable[[str], torch.Tensor], prefixes: list[str],
+                   parts: tuple[str, ...]) -> torch.Tensor:
+    """[E, rows, ...]: each expert's ``parts`` concatenated along their rows, written expert by
+    expert into one tensor while each source tensor is dropped after its copy, so one layer's
+    experts are never held twice (a list of per-expert tensors then a stack would)."""
+    out = None
+    for e, prefix in enumerate(prefixes):
+        pieces = [take(prefix + part) for part in parts]
+        if out is None:
+            rows = sum(piece.shape[0] for piece in pieces)
+            out = torch.empty((len(prefixes), rows, *pieces[0].shape[1:]),
+                              dtype=pieces[0].dtype, device=pieces[0].device)
+        torch.cat(pieces, out=out[e])
+    return out

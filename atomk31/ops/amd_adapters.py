@@ -25,7 +25,7 @@ def topk_slots_radix(scores: torch.Tensor, k: int, lengths: torch.Tensor,
                      block_size: int) -> torch.Tensor:
     """`topk_slots` as the Gluon multi-workgroup radix select (positions) followed by the
     position -> slot mapping (a few element-wise torch ops, capturable)."""
-    from gluon_kernels.radix_topk import topk_positions_gluon
+    from gluon_kernels.amd.radix_topk import topk_positions_gluon
 
     positions = topk_positions_gluon(scores, k, lengths)
     return positions_to_slots_torch(positions, block_table, row_request, block_size)

@@ -108,6 +108,6 @@ define_op("dense_mla", check=check_dense_mla)
 register("dense_mla", "torch", dense_mla_torch, not_in_graph=READS_DEVICE)
 register("dense_mla", "triton", "atomk31.triton_kernels.dense_mla:dense_mla_triton",
          why_not=needs_gpu)
-register("dense_mla", "hopper", "gluon_kernels.dense_mla_hopper:dense_mla_hopper",
+register("dense_mla", "hopper", "gluon_kernels.hopper.dense_mla:dense_mla_hopper",
          why_not=all_of(needs_hopper, needs_latent(torch.float8_e4m3fn),
                         needs_compute(torch.bfloat16, torch.float16)))

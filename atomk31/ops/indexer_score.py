@@ -130,15 +130,20 @@ def _hopper_block_size(context: KernelContext) -> str | None:
     return None
 
 
+def _amd_key_format(context: KernelContext) -> str | None:
+    # §4.6.1: gfx942 has no FP4 matrix instruction, so no MXFP4 index keys there
+    if context.index_format == "mxfp4" and context.target.name == "gfx942":
+        return "reads fp8 index keys on gfx942 (no FP4 there), the cache has mxfp4"
+    return None
+
+
 define_op("indexer_score", check=check_indexer_score)
 register("indexer_score", "torch", indexer_score_torch, not_in_graph=READS_DEVICE)
 register("indexer_score", "triton", "atomk31.triton_kernels.indexer_score:indexer_score_triton",
          why_not=needs_gpu)
-register("indexer_score", "hopper",
-         "gluon_kernels.indexer_score_hopper_launch:indexer_score_hopper",
+register("indexer_score", "hopper", "gluon_kernels.hopper.indexer_score:indexer_score_hopper",
          why_not=all_of(needs_hopper, needs_index_format("fp8"), _hopper_block_size),
          not_in_eager="a Gluon launch costs ~70 us more host time than Triton's, so it pays "
                       "only when replayed from a graph")
-register("indexer_score", "amd", "gluon_kernels.indexer_score:indexer_score_gluon",
-         why_not=needs_rocm(("gfx950", "gfx942")),
-         not_in_graph="the launch reads its row-group count back from the device")
+register("indexer_score", "amd", "gluon_kernels.amd.indexer_score:indexer_score_gluon",
+         why_not=all_of(needs_rocm(("gfx950", "gfx942")), _amd_key_format))

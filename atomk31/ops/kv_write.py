@@ -29,8 +29,9 @@ Storage rules:
   mxfp4 key    the §6.3 quantizer, one E8M0 scale per 32 values (atomk31.quant).
 
 Also here: `read_latent` and `read_index_keys` (the dequantizing readers the other ops and
-the tests use) and `quantize_index_keys` / `dequantize_index_keys` (the one index-key
-quantizer, shared with the indexer's query side, §4.6 "Quantized evaluation").
+the tests use). The one index-key quantizer, `quantize_index_keys` / `dequantize_index_keys`
+(shared with the indexer's query side, §4.6 "Quantized evaluation"), lives in
+atomk31/quant/index_keys.py, where kernels may import it too; it is re-exported here.
 
 Accumulation: none (elementwise, fp32). Tests: bit-exact round trips against the quantizers.
 """
@@ -39,15 +40,14 @@ import torch
 
 from atomk31.ops.registry import register
 from atomk31.ops.requirements import READS_DEVICE, needs_gpu
-from atomk31.quant import dequantize_mxfp4, quantize_fp8, quantize_fp8_per_row, quantize_mxfp4
+from atomk31.quant import quantize_fp8
+from atomk31.quant.index_keys import (  # noqa: F401 (re-exported: part of this op's API)
+    FP8_INDEX_AMAX_FLOOR, INDEX_DIM, INDEX_FORMATS, dequantize_index_keys, quantize_index_keys,
+)
 
 LATENT_DIM = 576  # [c 512 | k_r 64], §4.5
-INDEX_DIM = 128  # d_I, one FP8 scale or four MXFP4 scales per key (§4.6.1)
-INDEX_FORMATS = ("fp8", "mxfp4")
 FP8_DTYPES = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
 LATENT_DTYPES = (torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz)
-# V3.2's floor on the amax of an FP8 index key (§4.6.1): keeps an all-zero key finite.
-FP8_INDEX_AMAX_FLOOR = 1e-4
 
 
 def fp8_variant_of(dtype: torch.dtype) -> str | None:
@@ -108,35 +108,6 @@ def check_index_cache(
             f"index_scales for format {index_format!r} must be {list(expected_scales)} "
             f"{scales_dtype}, got {list(index_scales.shape)} {index_scales.dtype}"
         )
-
-
-def quantize_index_keys(
-    x: torch.Tensor, index_format: str, fp8_variant: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantize index keys (or indexer queries) per group of 128 values (§4.6.1, §9 #4).
-
-    x: [..., 128] float. Returns (values, scales):
-      "fp8":   values [..., 128] float8 of `fp8_variant`, scales [...] float32;
-      "mxfp4": values [..., 64] uint8 packed E2M1, scales [..., 4] uint8 E8M0.
-    """
-    if x.shape[-1] != INDEX_DIM:
-        raise ValueError(f"index keys must have {INDEX_DIM} values, got shape {list(x.shape)}")
-    x = x.float()
-    if index_format == "mxfp4":
-        return quantize_mxfp4(x)
-    if index_format != "fp8":
-        raise ValueError(f"index_format must be one of {INDEX_FORMATS}, got {index_format!r}")
-    # One group of 128 values per key: s = max(amax, 1e-4) / fmax, RNE, saturating.
-    return quantize_fp8_per_row(x, fp8_variant, min_amax=FP8_INDEX_AMAX_FLOOR)
-
-
-def dequantize_index_keys(
-    values: torch.Tensor, scales: torch.Tensor, index_format: str
-) -> torch.Tensor:
-    """Inverse of `quantize_index_keys`: fp32 [..., 128]."""
-    if index_format == "mxfp4":
-        return dequantize_mxfp4(values, scales, dtype=torch.float32)
-    return values.float() * scales[..., None].float()
 
 
 def _block_and_offset(slots: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:

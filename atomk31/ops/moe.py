@@ -16,10 +16,6 @@ Contracts (T = tokens, D = hidden size, E = routed experts, k = top_k, Dl = late
   ``u[t] = sum_j topk_weights[t, j] * W2_e (situ_glu(W1_e z_t, W3_e z_t))`` with
   ``e = topk_ids[t, j]``. ``w13`` fuses gate (rows 0..F-1 = ``w1``) over up (rows F..2F-1 =
   ``w3``); MXFP4 per §3.3 (low nibble = even input index, one E8M0 scale per 32 inputs).
-  ``fp8_down_activations=True`` (issue #6, opt-in; default False): the SiTU-GLU output h
-  [pairs, F] goes through MXFP8 (``atomk31/quant/mxfp8.py``: e4m3fn values, one E8M0 scale
-  per 32 along F, OCP rule ``e = floor(log2 amax) - 8``) straight from its fp32 value (no
-  rounding to z's dtype first), and the down projection multiplies the dequantized values.
   ``one_factor_exact`` (default False): a promise about the weights, not a choice of result:
   True only when ``mxfp4_scales_allow_one_factor(w13_scales, w2_scales)`` (computed once per
   layer when the weights are loaded, never per call). The BF16 kernels then decode each
@@ -27,7 +23,7 @@ Contracts (T = tokens, D = hidden size, E = routed experts, k = top_k, Dl = late
 * ``moe_experts_dense(z, topk_weights, topk_ids, w13 [E, 2F, Dl], w2 [E, Dl, F], beta,
   linear_beta) -> u fp32 [T, Dl]``: the same for a dequantized (BF16 or fp32) checkpoint.
 
-One-multiply decode (DECIDED HERE, issue #6): the BF16 Triton kernels build a weight as
+One-multiply decode (DECIDED HERE): the BF16 Triton kernels build a weight as
 E2M1 * 2^-126 (a BF16 subnormal for code 0.5) and scale it by the E8M0 factor 2^(s-127). Two
 exact BF16 multiplies (by 2^126, then by 2^(s-127)) work for every byte; one multiply by
 2^(s-1-64) gives the weight times 2^-64 (undone on the fp32 accumulator) and is exact only
@@ -48,8 +44,17 @@ output is rounded to ``z.dtype`` before the down projection (the engine stores a
 as BF16, §4.8; exact fp32 when z is fp32). The torch implementation groups the (token, slot)
 pairs by expert and dequantizes each used expert once. The routed sum is returned before
 ``routed_expert_norm`` (under TP it must be all-reduced first, §4.7). Tests: fp32 within
-1e-5 relative of a per-token loop; routing ids exact; with fp8_down_activations the Triton
-kernels write the same MXFP8 bytes and match this op to 1e-5 (interpreter) / 1e-2 (BF16 GPU).
+1e-5 relative of a per-token loop; routing ids exact.
+
+Shape classes of ``moe_experts_mxfp4`` (by the call's shapes: T tokens, k slots, E experts;
+the measurements behind them: benchmarks/NOTES.md, "MoE"):
+* ``few_tokens`` (T <= 64, decode): weight-streaming GEMVs, bound by reading each used
+  expert's weights once (moe_gemv.py; the word decode on NVIDIA with BF16 activations);
+* ``small_groups`` (T > 64, at most 32 pairs per expert on average): the grouped GEMMs in
+  16- or 32-pair blocks, byte decode;
+* ``large_groups`` (more than 32 pairs per expert: 128-pair blocks, prefill): the grouped GEMMs
+  with the word decode on NVIDIA with BF16 activations, else the byte decode.
+FlyDSL (gfx950) serves every class.
 """
 
 from collections.abc import Callable
@@ -57,10 +62,10 @@ from collections.abc import Callable
 import torch
 
 from atomk31.ops.activation import situ_glu_torch
-from atomk31.ops.registry import register
+from atomk31.ops.registry import define_op, register
 from atomk31.ops.requirements import READS_DEVICE, all_of, needs_compute, needs_gpu, needs_rocm
+from atomk31.ops.target import KernelContext
 from atomk31.quant import dequantize_mxfp4
-from atomk31.quant.mxfp8 import dequantize_mxfp8, quantize_mxfp8
 
 # §4.7: the renormalisation's epsilon (DEFINED HERE in §8 #11).
 RENORMALIZE_EPS = 1e-20
@@ -79,6 +84,21 @@ def moe_route_torch(
     scaling_factor: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid router with bias-corrected top-k. x: [T, D] -> (weights fp32 [T, k], ids int32 [T, k])."""
+    check_moe_route(x, router_weight, correction_bias, top_k)
+    scores = torch.sigmoid(x.float() @ router_weight.float().T)              # [T, E]
+    biased = scores + correction_bias.float()
+    # A stable descending sort keeps equal scores in id order: ties go to the lower id (§4.7).
+    order = torch.sort(biased, dim=-1, descending=True, stable=True).indices
+    topk_ids = order[:, :top_k]
+    topk_weights = scores.gather(1, topk_ids)
+    if renormalize:
+        topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + RENORMALIZE_EPS)
+    return topk_weights * scaling_factor, topk_ids.to(torch.int32)
+
+
+def check_moe_route(x: torch.Tensor, router_weight: torch.Tensor, correction_bias: torch.Tensor,
+                    top_k: int, *args, **kwargs) -> None:
+    """The host-side argument check of `moe_route` (shapes only)."""
     num_experts = router_weight.shape[0]
     if x.dim() != 2 or router_weight.shape != (num_experts, x.shape[1]):
         raise ValueError(
@@ -92,15 +112,6 @@ def moe_route_torch(
         )
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"moe_route: top_k must be in 1..{num_experts} (E), got {top_k}")
-    scores = torch.sigmoid(x.float() @ router_weight.float().T)              # [T, E]
-    biased = scores + correction_bias.float()
-    # A stable descending sort keeps equal scores in id order: ties go to the lower id (§4.7).
-    order = torch.sort(biased, dim=-1, descending=True, stable=True).indices
-    topk_ids = order[:, :top_k]
-    topk_weights = scores.gather(1, topk_ids)
-    if renormalize:
-        topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + RENORMALIZE_EPS)
-    return topk_weights * scaling_factor, topk_ids.to(torch.int32)
 
 
 def mxfp4_scales_allow_one_factor(*scales: torch.Tensor) -> bool:
@@ -128,14 +139,31 @@ def moe_experts_mxfp4_torch(
     w2_scales: torch.Tensor,
     beta: float,
     linear_beta: float | None,
-    fp8_down_activations: bool = False,
     one_factor_exact: bool = False,
 ) -> torch.Tensor:
     """Routed experts from MXFP4 weights. z: [T, Dl] -> u fp32 [T, Dl] (see module docstring).
 
-    fp8_down_activations: h in MXFP8 (e4m3fn + E8M0 per 32) before the down projection.
     one_factor_exact: the weights' promise (module docstring); this exact fp32 dequantization
     needs no such promise and ignores it."""
+    check_moe_experts_mxfp4(z, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed,
+                            w2_scales)
+    num_experts, two_f, half_latent = w13_packed.shape
+    latent_size = 2 * half_latent
+
+    def expert_weights(e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (dequantize_mxfp4(w13_packed[e], w13_scales[e]),
+                dequantize_mxfp4(w2_packed[e], w2_scales[e]))
+
+    return _run_experts(z, topk_weights, topk_ids, num_experts, latent_size,
+                        expert_weights, beta, linear_beta, "moe_experts_mxfp4")
+
+
+def check_moe_experts_mxfp4(z: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                            w13_packed: torch.Tensor, w13_scales: torch.Tensor,
+                            w2_packed: torch.Tensor, w2_scales: torch.Tensor,
+                            *args, **kwargs) -> None:
+    """The host-side argument check of `moe_experts_mxfp4` (shapes and dtypes; the expert ids'
+    range is not checked: that would read the device)."""
     num_experts, two_f, half_latent = w13_packed.shape
     latent_size, intermediate_size = 2 * half_latent, two_f // 2
     expected = {
@@ -158,14 +186,7 @@ def moe_experts_mxfp4_torch(
             f"moe_experts_mxfp4: Dl and F must be multiples of 32 (MXFP4 blocks), "
             f"got Dl={latent_size}, F={intermediate_size}"
         )
-
-    def expert_weights(e: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return (dequantize_mxfp4(w13_packed[e], w13_scales[e]),
-                dequantize_mxfp4(w2_packed[e], w2_scales[e]))
-
-    return _run_experts(z, topk_weights, topk_ids, num_experts, latent_size,
-                        expert_weights, beta, linear_beta, "moe_experts_mxfp4",
-                        fp8_down_activations)
+    _check_routed(z, topk_weights, topk_ids, latent_size, "moe_experts_mxfp4")
 
 
 def moe_experts_dense_torch(
@@ -202,17 +223,10 @@ def _run_experts(
     beta: float,
     linear_beta: float | None,
     op: str,
-    fp8_down_activations: bool = False,
 ) -> torch.Tensor:
     """Group (token, slot) pairs by expert; run each used expert once on its tokens."""
-    if z.dim() != 2 or z.shape[1] != latent_size:
-        raise ValueError(f"{op}: z must be [T, Dl] = [T, {latent_size}], got {tuple(z.shape)}")
+    _check_routed(z, topk_weights, topk_ids, latent_size, op)
     num_tokens = z.shape[0]
-    if topk_ids.dim() != 2 or topk_ids.shape[0] != num_tokens or topk_weights.shape != topk_ids.shape:
-        raise ValueError(
-            f"{op}: topk_weights and topk_ids must both be [T, k] with T={num_tokens}, got "
-            f"{tuple(topk_weights.shape)} and {tuple(topk_ids.shape)}"
-        )
     out = torch.zeros(num_tokens, latent_size, dtype=torch.float32, device=z.device)
     if topk_ids.numel() == 0:
         return out
@@ -233,22 +247,73 @@ def _run_experts(
         w13, w2 = expert_weights(expert)                       # [2F, Dl], [Dl, F] fp32
         gate_up = z[tokens].float() @ w13.T                    # [n, 2F]
         gate, up = gate_up.chunk(2, dim=-1)                    # [gate | up] order (§4.8)
-        hidden = situ_glu_torch(gate, up, beta, linear_beta)       # fp32
-        if fp8_down_activations:
-            hidden = dequantize_mxfp8(*quantize_mxfp8(hidden))
-        else:
-            hidden = hidden.to(z.dtype).float()
+        hidden = situ_glu_torch(gate, up, beta, linear_beta).to(z.dtype).float()
         out.index_add_(0, tokens, (hidden @ w2.T) * flat_weights[slots, None])
     return out
 
 
+def _check_routed(z: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                  latent_size: int, op: str) -> None:
+    if z.dim() != 2 or z.shape[1] != latent_size:
+        raise ValueError(f"{op}: z must be [T, Dl] = [T, {latent_size}], got {tuple(z.shape)}")
+    num_tokens = z.shape[0]
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != num_tokens or \
+            topk_weights.shape != topk_ids.shape:
+        raise ValueError(
+            f"{op}: topk_weights and topk_ids must both be [T, k] with T={num_tokens}, got "
+            f"{tuple(topk_weights.shape)} and {tuple(topk_ids.shape)}"
+        )
+
+
+# The shape classes of moe_experts_mxfp4 (module docstring): the GEMVs' most tokens, and the
+# mean pairs per expert past which the grouped GEMMs take 128-pair blocks.
+GEMV_MAX_TOKENS = 64
+SMALL_GROUP_MAX_PAIRS = 32
+MOE_SHAPES = {
+    "few_tokens": f"up to {GEMV_MAX_TOKENS} tokens (decode)",
+    "small_groups": f"more than {GEMV_MAX_TOKENS} tokens, up to {SMALL_GROUP_MAX_PAIRS} "
+                    "(token, slot) pairs per expert",
+    "large_groups": f"more than {SMALL_GROUP_MAX_PAIRS} (token, slot) pairs per expert "
+                    "(prefill)",
+}
+
+
+def moe_experts_shape(z: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                      w13_packed: torch.Tensor, *args, **kwargs) -> str:
+    num_tokens = topk_ids.shape[0]
+    if num_tokens <= GEMV_MAX_TOKENS:
+        return "few_tokens"
+    pairs_per_expert = topk_ids.numel() / max(w13_packed.shape[0], 1)
+    return "small_groups" if pairs_per_expert <= SMALL_GROUP_MAX_PAIRS else "large_groups"
+
+
+def needs_nvidia(context: KernelContext) -> str | None:
+    """Kernels with inline PTX (the MXFP4 word decode): NVIDIA GPUs."""
+    reason = needs_gpu(context)
+    if reason is None and context.target.vendor != "nvidia":
+        reason = f"needs an NVIDIA GPU (inline PTX), got {context.target.name}"
+    return reason
+
+
+_MOE = "atomk31.triton_kernels"
+_WORD_DECODE = all_of(needs_nvidia, needs_compute(torch.bfloat16))
+
+define_op("moe_route", check=check_moe_route)
 register("moe_route", "torch", moe_route_torch)
-register("moe_route", "triton", "atomk31.triton_kernels.moe_routing:moe_route_triton",
-         why_not=needs_gpu)
+register("moe_route", "triton", f"{_MOE}.moe_routing:moe_route_triton", why_not=needs_gpu)
+define_op("moe_experts_mxfp4", shapes=MOE_SHAPES, classify=moe_experts_shape,
+          check=check_moe_experts_mxfp4)
 register("moe_experts_mxfp4", "torch", moe_experts_mxfp4_torch, not_in_graph=READS_DEVICE)
+register("moe_experts_mxfp4", "triton", f"{_MOE}.moe_gemv:moe_experts_mxfp4_gemv_words_triton",
+         why_not=_WORD_DECODE, shapes=("few_tokens",))
+register("moe_experts_mxfp4", "triton", f"{_MOE}.moe_gemv:moe_experts_mxfp4_gemv_triton",
+         why_not=needs_gpu, shapes=("few_tokens",))
 register("moe_experts_mxfp4", "triton",
-         "atomk31.triton_kernels.moe_grouped_gemm:moe_experts_mxfp4_triton", why_not=needs_gpu)
+         f"{_MOE}.moe_grouped_words:moe_experts_mxfp4_grouped_words_triton",
+         why_not=_WORD_DECODE, shapes=("large_groups",))
+register("moe_experts_mxfp4", "triton",
+         f"{_MOE}.moe_grouped_gemm:moe_experts_mxfp4_grouped_triton", why_not=needs_gpu,
+         shapes=("small_groups", "large_groups"))
 register("moe_experts_mxfp4", "amd", "atomk31.ops.amd_adapters:moe_experts_mxfp4_flydsl",
-         why_not=all_of(needs_rocm(("gfx950",), "flydsl"), needs_compute(torch.bfloat16)),
-         not_in_graph="the FlyDSL launch reads its grid size back from the device")
+         why_not=all_of(needs_rocm(("gfx950",), "flydsl"), needs_compute(torch.bfloat16)))
 register("moe_experts_dense", "torch", moe_experts_dense_torch, not_in_graph=READS_DEVICE)

@@ -114,7 +114,7 @@ define_op("sparse_mla", check=check_sparse_mla, classify=sparse_mla_rows,
 register("sparse_mla", "torch", sparse_mla_torch, not_in_graph=READS_DEVICE)
 register("sparse_mla", "triton", "atomk31.triton_kernels.sparse_mla:sparse_mla_triton",
          why_not=needs_gpu)
-register("sparse_mla", "hopper", "gluon_kernels.sparse_mla_hopper:sparse_mla_hopper",
+register("sparse_mla", "hopper", "gluon_kernels.hopper.sparse_mla:sparse_mla_hopper",
          why_not=all_of(needs_hopper, needs_latent(torch.float8_e4m3fn),
                         needs_compute(torch.bfloat16, torch.float16)))
 register("sparse_mla", "amd", "flydsl_kernels.sparse_mla:sparse_mla_flydsl",

@@ -174,11 +174,21 @@ topk_positions = topk_positions_torch
 positions_to_slots = positions_to_slots_torch
 
 
-def check_topk(scores: torch.Tensor, k: int, lengths: torch.Tensor, *rest) -> None:
+def check_topk(scores: torch.Tensor, k: int, lengths: torch.Tensor,
+               block_table: torch.Tensor | None = None, row_request: torch.Tensor | None = None,
+               block_size: int | None = None) -> None:
     """The host-side argument check of `topk_positions` / `topk_slots` (no device reads)."""
     if scores.dim() != 2 or lengths.shape != (scores.shape[0],) or k < 0:
         raise ValueError(f"topk: expected scores [Nq, L], lengths [Nq] and k >= 0, got "
                          f"{list(scores.shape)}, {list(lengths.shape)} and k={k}")
+    if block_table is None:
+        return
+    if block_table.dim() != 2 or row_request is None or row_request.shape != lengths.shape:
+        raise ValueError(f"topk_slots: expected block_table [N, max_blocks] and row_request "
+                         f"[Nq={scores.shape[0]}], got {list(block_table.shape)} and "
+                         f"{None if row_request is None else list(row_request.shape)}")
+    if block_size is None or block_size <= 0 or block_size & (block_size - 1):
+        raise ValueError(f"topk_slots: block_size must be a power of two, got {block_size}")
 
 
 define_op("topk_positions", check=check_topk)
@@ -186,7 +196,7 @@ define_op("topk_slots", check=check_topk)
 register("topk_positions", "torch", topk_positions_torch, not_in_graph=READS_DEVICE)
 register("topk_positions", "triton", "atomk31.triton_kernels.topk:topk_triton",
          why_not=needs_gpu)
-register("topk_positions", "amd", "gluon_kernels.radix_topk:topk_positions_gluon",
+register("topk_positions", "amd", "gluon_kernels.amd.radix_topk:topk_positions_gluon",
          why_not=needs_rocm(("gfx950", "gfx942")))
 register("positions_to_slots", "torch", positions_to_slots_torch)
 register("topk_slots", "torch", topk_slots_torch, not_in_graph=READS_DEVICE)

@@ -1,7 +1,8 @@
 """indexer_score in Triton: lightning-indexer scores of query rows over the paged index keys.
 
 Contract: `atomk31.ops.indexer_score` (MODEL_SPEC §4.6 "Quantized evaluation", §4.6.1, §9 #4):
-scores[i, s] = sum_h w_h relu(q̂_h · k̂_s) for s <= row_position[i], -inf up to L.
+scores[i, s] = sum_h w_h relu(q̂_h · k̂_s) for s <= row_position[i], -inf up to L. The op
+checks its arguments before this launcher runs.
 
 A program owns ROWS consecutive query rows and one chunk of key positions. For each request
 among its rows it streams that request's keys page by page once and scores them against all
@@ -11,52 +12,29 @@ product's left operand, the quantized queries the right one (staged once in shar
 the sum over heads then runs along the accumulator's columns (the per-tile work:
 indexer_score_tile.py). Memory: the block-table entries of TILE_GROUP tiles are read at once,
 so the key loads of the tile loop depend on no load of that loop and Triton's pipeliner keeps
-num_stages - 1 tiles in flight (a block-table read per tile inside the loop made it wait for
+num_stages - 1 tiles in flight (a block-table read per tile inside the loop makes it wait for
 every tile: one tile in flight).
 
 Numbers: queries are quantized in the kernel with the keys' quantizer (§9 #4), bit-exact with
 `quantize_index_keys`. FP8: the product runs on the e4m3 values themselves and the scales
 come after, since relu(s_q s_k x) = s_q s_k relu(x) for positive scales:
-score = s_k * sum_h (w_h s_q,h) relu(q_codes · k_codes). In bf16 (e4m3 values are bf16
-values) the products are exact and accumulate in fp32; on the fp8 tensor cores Hopper
-accumulates with ~14 bits, so "fp8_acc32" adds the partial sums into fp32 registers every 32
-products (or K_SPLIT 4: four products of K = 32 summed in fp32); even so its error is 4x the
-op's tolerance on the H200, so the fp8 products are opt-in only and the bf16 ones the default.
-The keys' bf16 operand comes from the fp8 -> bf16 conversion, or (KEY_CONVERT) from the bytes'
-bits: the code x 2^-120, the queries carrying 2^119 and the weights 2 (powers of two: exact).
-The fp16 products (config dot "fp16", FP8 keys) are as exact: every e4m3 value, key or query
-code, is an fp16 value too (|x| <= 448 < 65504, smallest subnormal 2^-9 >= fp16's 2^-24), so
-no query scaling is needed, and fp8 -> fp16 is one instruction per two values on sm_89+
-(fp8 -> bf16 goes through fp16: three). MXFP4: every dequantized value (E2M1 value x 2^e) is
-exact in bf16, so one bf16 product of the dequantized values. Under the interpreter the
-products run in fp32 (its bf16 dot is wrong).
+score = s_k * sum_h (w_h s_q,h) relu(q_codes · k_codes). In bf16 or fp16 (every e4m3 value,
+key or query code, is a value of both: |x| <= 448 < 65504, smallest subnormal 2^-9 >= fp16's
+2^-24) the products are exact and accumulate in fp32. MXFP4: every dequantized value (E2M1
+value x 2^e) is exact in bf16, so one bf16 product of the dequantized values. Under the
+interpreter the products run in fp32 (its bf16 dot is wrong).
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from atomk31.triton_kernels.indexer_score_config import (
-    DOTS,
-    FP8_ACC_INTERVALS,
-    GLUON_HOPPER_PRODUCTS,
-    KERNELS,
-    KEY_CONVERTS,
-    IndexerScoreConfig,
-    default_config,
-    fp8_dot_config,
-)
-from atomk31.triton_kernels.indexer_score_keys import key_words, split_columns_in_4
+from atomk31.quant.index_keys import FP8_INDEX_AMAX_FLOOR
+from atomk31.triton_kernels.indexer_score_config import DOTS, IndexerScoreConfig, default_config
 from atomk31.triton_kernels.indexer_score_tile import score_key_tile
-from atomk31.triton_kernels.kv_write import (
-    FP8_INDEX_AMAX_FLOOR,
-    FP8_MAX,
-    fp8_group_quantize,
-    mxfp4_group_quantize,
-)
+from atomk31.triton_kernels.kv_write import FP8_MAX, fp8_group_quantize, mxfp4_group_quantize
+from atomk31.triton_kernels.runtime import num_sms
 
-INDEX_DIM = 128
-# The product's operand type per config.dot (the fp8 dots keep the keys' fp8 type).
 DOT_DTYPES = {"fp32": tl.float32, "bf16": tl.bfloat16, "fp16": tl.float16}
 MAX_QUERY_VECTORS = 128  # ROWS * H_I per program; more spills registers
 
@@ -75,14 +53,9 @@ def indexer_score_kernel(
     # meta-parameters
     NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, ROWS: tl.constexpr,
     IS_MXFP4: tl.constexpr, FP8_MAX_VALUE: tl.constexpr, MIN_AMAX: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, USE_FP8_DOT: tl.constexpr, FP8_ACC_INTERVAL: tl.constexpr,
-    K_SPLIT: tl.constexpr,  # 4: four products of K = 32 summed in fp32 (FP8 keys only)
-    KEY_CONVERT: tl.constexpr,  # e4m3fn keys -> operand: 0 convert, 1 bytes, 2 words (config)
-    REPEAT_EPILOGUE: tl.constexpr,  # a benchmark probe (config.repeat_epilogue)
-    BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_TILES: tl.constexpr,  # block_size % BLOCK_N == 0: no tile straddles two pages
     TILE_GROUP: tl.constexpr,  # > 0 (PAGE_TILES only): block-table reads per TILE_GROUP tiles
-    FULL_TILES: tl.constexpr,  # (TILE_GROUP > 0) tiles before every row's position unmasked
 ):
     i_tile = tl.program_id(0)
     i_chunk = tl.program_id(1)
@@ -112,21 +85,7 @@ def indexer_score_kernel(
     else:
         b_q_dot, q_scale = fp8_group_quantize(b_q, FP8_MAX_VALUE, MIN_AMAX)
         b_weight = b_weight * q_scale
-        if KEY_CONVERT > 0:
-            # The keys' operand is key x 2^-120; queries x 2^119 (448 x 2^119 < the bf16
-            # maximum 2^128) and weights x 2 give the same scores: powers of two, exact.
-            b_q_dot = b_q_dot * 6.646139978924579e35  # 2^119
-            b_weight = b_weight * 2.0
-    if USE_FP8_DOT:
-        b_q_dot = b_q_dot.to(values_ptr.dtype.element_ty)
-    else:
-        b_q_dot = b_q_dot.to(DOT_DTYPE)
-    b_q_t = tl.trans(b_q_dot)  # [128, M]
-    b_q_t0, b_q_t1, b_q_t2, b_q_t3 = b_q_t, b_q_t, b_q_t, b_q_t  # [32, M] each for K_SPLIT 4
-    if K_SPLIT == 4:
-        b_q_0, b_q_1, b_q_2, b_q_3 = split_columns_in_4(b_q_dot, M)
-        b_q_t0, b_q_t1 = tl.trans(b_q_0), tl.trans(b_q_1)
-        b_q_t2, b_q_t3 = tl.trans(b_q_2), tl.trans(b_q_3)
+    b_q_t = tl.trans(b_q_dot.to(DOT_DTYPE))  # [128, M]
 
     o_key_rows = tl.arange(0, BLOCK_N) * stride_values_t  # a tile's rows in its page
     o_scale_rows = tl.arange(0, BLOCK_N) * stride_scales_t
@@ -141,65 +100,39 @@ def indexer_score_kernel(
             m_rows = b_request == request
             max_position = tl.max(tl.where(m_rows, b_position, -1))
             key_end = tl.minimum(chunk_end, max_position + 1)
-            min_position = tl.min(tl.where(m_rows, b_position, num_positions))
-            unmasked_end = tl.minimum(key_end, min_position + 1)  # keys every row sees
+            table = block_table_ptr + request.to(tl.int64) * stride_table_r
             if TILE_GROUP > 0:
                 # The pages of TILE_GROUP tiles read at once: the key loads of the inner loop
                 # then depend on no load of their own loop, so they pipeline num_stages deep.
                 o_group = tl.arange(0, TILE_GROUP)
                 for group_start in range(chunk_start, key_end, TILE_GROUP * BLOCK_N):
                     o_tile_start = group_start + o_group * BLOCK_N
-                    b_pages = tl.load(block_table_ptr + request.to(tl.int64) * stride_table_r
-                                      + o_tile_start // block_size,
+                    b_pages = tl.load(table + o_tile_start // block_size,
                                       mask=o_tile_start < key_end, other=0)
                     group_end = tl.minimum(group_start + TILE_GROUP * BLOCK_N, key_end)
-                    masked_start = group_start
-                    if FULL_TILES:
-                        # Tiles before every row's position: no masks (fewer instructions).
-                        full_end = tl.minimum(group_end, unmasked_end)
-                        masked_start = group_start + tl.maximum(
-                            full_end - group_start, 0) // BLOCK_N * BLOCK_N
-                        for start in range(group_start, masked_start, BLOCK_N):
-                            b_block = tl.sum(tl.where(o_tile_start == start, b_pages, 0))
-                            score_key_tile(
-                                values_ptr, scales_ptr, scores_ptr, b_block.to(tl.int64),
-                                start, key_end, chunk_end, block_size, stride_values_b,
-                                stride_values_t, stride_scales_b, stride_scales_t,
-                                stride_scores_row, o_key_rows, o_scale_rows, o_r, m_rows,
-                                b_position, b_weight, b_q_t, b_q_t0, b_q_t1, b_q_t2, b_q_t3,
-                                ROWS, HEADS_PAD, IS_MXFP4, DOT_DTYPE, USE_FP8_DOT,
-                                FP8_ACC_INTERVAL, K_SPLIT, KEY_CONVERT, REPEAT_EPILOGUE,
-                                BLOCK_N, PAGE_TILES, False)
-                    for start in range(masked_start, group_end, BLOCK_N):
+                    for start in range(group_start, group_end, BLOCK_N):
                         b_block = tl.sum(tl.where(o_tile_start == start, b_pages, 0))
                         score_key_tile(
                             values_ptr, scales_ptr, scores_ptr, b_block.to(tl.int64),
                             start, key_end, chunk_end, block_size, stride_values_b,
                             stride_values_t, stride_scales_b, stride_scales_t,
                             stride_scores_row, o_key_rows, o_scale_rows, o_r, m_rows,
-                            b_position, b_weight, b_q_t, b_q_t0, b_q_t1, b_q_t2, b_q_t3,
-                            ROWS, HEADS_PAD, IS_MXFP4, DOT_DTYPE, USE_FP8_DOT,
-                            FP8_ACC_INTERVAL, K_SPLIT, KEY_CONVERT, REPEAT_EPILOGUE,
+                            b_position, b_weight, b_q_t, ROWS, HEADS_PAD, IS_MXFP4, DOT_DTYPE,
                             BLOCK_N, PAGE_TILES)
             else:
                 for start in range(chunk_start, key_end, BLOCK_N):
                     o_s = start + tl.arange(0, BLOCK_N)
                     if PAGE_TILES:  # the tile lies in one page: one block-table read
-                        b_block = tl.load(block_table_ptr + request.to(tl.int64)
-                                          * stride_table_r + start // block_size)
+                        b_block = tl.load(table + start // block_size)
                     else:
-                        b_block = tl.load(block_table_ptr + request.to(tl.int64)
-                                          * stride_table_r + o_s // block_size,
-                                          mask=o_s < key_end, other=0)
+                        b_block = tl.load(table + o_s // block_size, mask=o_s < key_end,
+                                          other=0)
                     score_key_tile(
                         values_ptr, scales_ptr, scores_ptr, b_block.to(tl.int64), start,
                         key_end, chunk_end, block_size, stride_values_b, stride_values_t,
                         stride_scales_b, stride_scales_t, stride_scores_row, o_key_rows,
-                        o_scale_rows, o_r, m_rows,
-                        b_position, b_weight, b_q_t, b_q_t0, b_q_t1, b_q_t2, b_q_t3,
-                        ROWS, HEADS_PAD, IS_MXFP4, DOT_DTYPE, USE_FP8_DOT,
-                        FP8_ACC_INTERVAL, K_SPLIT, KEY_CONVERT, REPEAT_EPILOGUE, BLOCK_N,
-                        PAGE_TILES)
+                        o_scale_rows, o_r, m_rows, b_position, b_weight, b_q_t, ROWS,
+                        HEADS_PAD, IS_MXFP4, DOT_DTYPE, BLOCK_N, PAGE_TILES)
             # Positions past every row of this request: -inf without reading keys.
             tail_start = chunk_start + tl.cdiv(tl.maximum(key_end - chunk_start, 0),
                                                BLOCK_N) * BLOCK_N
@@ -208,6 +141,15 @@ def indexer_score_kernel(
                 tl.store(scores_ptr + o_r[:, None].to(tl.int64) * stride_scores_row
                          + o_s[None, :], tl.full((ROWS, BLOCK_N), float("-inf"), tl.float32),
                          mask=m_rows[:, None] & (o_s < chunk_end)[None, :])
+
+
+def check_config(config: IndexerScoreConfig, index_format: str) -> None:
+    """Raise ValueError unless the kernel can run `config` over keys of `index_format`."""
+    if config.dot not in DOTS:
+        raise ValueError(f"config.dot must be one of {DOTS}, got {config.dot!r}")
+    if config.dot == "fp16" and index_format != "fp8":
+        raise ValueError(f"dot 'fp16' is for fp8 keys (MXFP4 values x 2^e overflow fp16), got "
+                         f"{index_format}")
 
 
 def indexer_score_triton(
@@ -221,10 +163,8 @@ def indexer_score_triton(
     row_request: torch.Tensor,
     row_position: torch.Tensor,
     block_size: int,
-    use_fp8_dot: bool = False,
     num_positions: int | None = None,
     config: IndexerScoreConfig | None = None,
-    kernel: str = "triton",
 ) -> torch.Tensor:
     """Indexer scores [Nq, L] fp32, L = max(row_position) + 1 (contract: ops/indexer_score).
 
@@ -232,80 +172,24 @@ def indexer_score_triton(
     pages (contiguous last dim), block_table [N, max_blocks], row_request / row_position [Nq].
     num_positions: L when the caller knows it (host-side metadata): saves reading
       max(row_position) back from the device. Rows see keys up to min(position, L - 1).
-    config: the product and tiling (default: `default_config`, exact fp16 / bf16 products).
-    use_fp8_dot: (config None) opt in to the fp8 tensor cores (`fp8_dot_config`, e4m3fn keys
-      only): faster, but 4x outside the op's tolerance on the H200 (indexer_score_config).
-    kernel: "triton" (this file's kernel, every target) or a Gluon Hopper kernel
-      (gluon_kernels/indexer_score_hopper.py: "gluon_hopper" exact fp16 products,
-      "gluon_hopper_ss" the same products from FP16 keys in shared memory (exact; slower on the
-      H200, 0.189 vs 0.164 ms at 128K),
-      "gluon_hopper_fp8_acc32" / "gluon_hopper_fp8" opt-in fp8 products outside the
-      tolerance). A Gluon kernel that cannot take the inputs
-      (`why_not_hopper`: not sm_90, MXFP4 keys, TMA's 16-byte stride rules) raises
-      ValueError with the reason.
+    config: the product and tiling (None: `default_config`, exact fp16 / bf16 products).
     """
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    if kernel != "triton":
-        if config is not None or use_fp8_dot:
-            raise ValueError(f"kernel={kernel!r} takes no config or use_fp8_dot (the product is "
-                             f"in the kernel's name), got config={config}, "
-                             f"use_fp8_dot={use_fp8_dot}")
-        from gluon_kernels.indexer_score_hopper_launch import indexer_score_hopper  # imports Gluon
-
-        return indexer_score_hopper(q, head_weights, index_values, index_scales, index_format,
-                                    fp8_variant, block_table, row_request, row_position,
-                                    block_size, num_positions=num_positions,
-                                    product=GLUON_HOPPER_PRODUCTS[kernel])
     del fp8_variant  # the dtype of index_values says it
-    num_rows = row_request.shape[0]
-    if q.dim() != 3 or q.shape[0] != num_rows or q.shape[2] != INDEX_DIM:
-        raise ValueError(f"q must be [Nq={num_rows}, H_I, {INDEX_DIM}], got {list(q.shape)}")
-    num_heads = q.shape[1]
-    if tuple(head_weights.shape) != (num_rows, num_heads):
-        raise ValueError(f"head_weights must be [Nq={num_rows}, H_I={num_heads}], got "
-                         f"{list(head_weights.shape)}")
-    if index_format not in ("fp8", "mxfp4"):
-        raise ValueError(f"index_format must be 'fp8' or 'mxfp4', got {index_format!r}")
+    num_rows, num_heads = q.shape[0], q.shape[1]
     heads_pad = triton.next_power_of_2(num_heads)
     if heads_pad > MAX_QUERY_VECTORS:
         raise ValueError(f"indexer_score_triton handles up to {MAX_QUERY_VECTORS} heads, got "
                          f"H_I={num_heads}; use the torch implementation")
-    if index_values.shape[1] != block_size or index_values.stride(-1) != 1:
-        raise ValueError(
-            f"index_values must be [num_blocks, block_size={block_size}, ...] with a "
-            f"contiguous last dim, got shape {list(index_values.shape)} strides "
-            f"{index_values.stride()}")
+    if index_values.stride(-1) != 1:
+        raise ValueError(f"index_values must have a contiguous last dim (a page view), got "
+                         f"strides {index_values.stride()}")
     if num_positions is None:
         num_positions = int(row_position.max()) + 1 if num_rows else 0  # a device sync
     elif not 0 <= num_positions < 2**31:
         raise ValueError(f"num_positions must be in [0, 2^31) (int32 positions), got "
                          f"{num_positions}")
-    if config is None and use_fp8_dot:
-        config = fp8_dot_config(indexer_score_kernel)
-    elif config is None:
-        config = default_config(indexer_score_kernel, fp8_keys=index_format == "fp8")
-    is_fp8_dot = config.dot.startswith("fp8")
-    if (config.dot not in DOTS or config.k_split not in (1, 4)
-            or config.key_convert not in KEY_CONVERTS):
-        raise ValueError(f"config.dot must be one of {DOTS}, k_split 1 or 4 and key_convert "
-                         f"one of {KEY_CONVERTS}, got {config.dot!r}, {config.k_split}, "
-                         f"{config.key_convert!r}")
-    if is_fp8_dot and (index_format != "fp8" or index_values.dtype != torch.float8_e4m3fn):
-        raise ValueError(f"an fp8 dot ({config.dot!r}) needs e4m3fn fp8 keys, got "
-                         f"{index_format} {index_values.dtype}")
-    if config.dot == "fp16" and index_format != "fp8":
-        raise ValueError(f"dot 'fp16' is for fp8 keys (MXFP4 values x 2^e overflow fp16), got "
-                         f"{index_format}")
-    if config.k_split == 4 and index_format != "fp8":
-        raise ValueError("k_split=4 is for fp8 keys, got mxfp4")
-    key_convert = KEY_CONVERTS.index(config.key_convert) if not is_fp8_dot else 0
-    if key_convert and (index_format != "fp8" or index_values.dtype != torch.float8_e4m3fn):
-        raise ValueError(f"key_convert {config.key_convert!r} is for e4m3fn fp8 keys, got "
-                         f"{index_format} {index_values.dtype}")
-    if key_convert == 2 and config.k_split != 1:
-        raise ValueError(f"key_convert 'words' reads all 128 columns at once: k_split must be "
-                         f"1, got {config.k_split}")
+    config = config or default_config(indexer_score_kernel, fp8_keys=index_format == "fp8")
+    check_config(config, index_format)
     scores = torch.empty(num_rows, num_positions, dtype=torch.float32, device=q.device)
     if num_rows == 0 or num_positions == 0:
         return scores
@@ -320,7 +204,7 @@ def indexer_score_triton(
     block_n = config.block_n
     num_row_tiles = triton.cdiv(num_rows, rows)
     num_key_tiles = triton.cdiv(num_positions, block_n)
-    num_programs_wanted = config.programs_per_sm * _num_sms(q.device)
+    num_programs_wanted = config.programs_per_sm * num_sms(q.device)
     # Rounded down: programs past whole waves would make a last wave as slow as a full one.
     num_chunks = min(num_key_tiles, max(1, num_programs_wanted // num_row_tiles))
     keys_per_program = triton.cdiv(num_key_tiles, num_chunks) * block_n
@@ -328,12 +212,7 @@ def indexer_score_triton(
     num_warps = config.num_warps
     if num_warps is None:
         num_warps = 8 if block_n * rows * heads_pad >= 128 * 128 else 4
-    register_cap = {} if config.max_registers is None else {"maxnreg": config.max_registers}
-    fp8_max_value = FP8_MAX.get(index_values.dtype, 448.0)
-    if key_convert == 1:
-        index_values = index_values.view(torch.uint8)  # the kernel reads the bytes
-    elif key_convert == 2:
-        index_values = key_words(index_values)
+    page_tiles = block_size % block_n == 0
     indexer_score_kernel[(num_row_tiles, num_chunks)](
         q, head_weights, index_values, index_scales, block_table,
         row_request, row_position, scores,
@@ -344,27 +223,13 @@ def indexer_score_triton(
         block_table.stride(0), scores.stride(0),
         NUM_HEADS=num_heads, HEADS_PAD=heads_pad, ROWS=rows,
         IS_MXFP4=index_format == "mxfp4",
-        FP8_MAX_VALUE=fp8_max_value,
+        FP8_MAX_VALUE=FP8_MAX.get(index_values.dtype, 448.0),
         MIN_AMAX=FP8_INDEX_AMAX_FLOOR,
-        DOT_DTYPE=DOT_DTYPES.get(config.dot, tl.bfloat16),  # fp8 dots: unused
-        USE_FP8_DOT=is_fp8_dot,
-        FP8_ACC_INTERVAL=FP8_ACC_INTERVALS.get(config.dot, 0),
-        K_SPLIT=config.k_split,
-        KEY_CONVERT=key_convert,
-        REPEAT_EPILOGUE=config.repeat_epilogue,
+        DOT_DTYPE=DOT_DTYPES[config.dot],
         BLOCK_N=block_n,
-        PAGE_TILES=block_size % block_n == 0,
-        TILE_GROUP=config.tile_group if block_size % block_n == 0 else 0,
-        FULL_TILES=config.unmasked_full_tiles,
+        PAGE_TILES=page_tiles,
+        TILE_GROUP=config.tile_group if page_tiles else 0,
         num_warps=num_warps,
         num_stages=config.num_stages,
-        **register_cap,
     )
     return scores
-
-
-def _num_sms(device: torch.device) -> int:
-    """Multiprocessors of a CUDA / ROCm device; 1 off a GPU (interpreter, compile checks)."""
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count

@@ -15,12 +15,25 @@ Provenance: the program layout follows flash-linear-attention's ``fused_recurren
 (fla-org/flash-linear-attention, fla/ops/kda/fused_recurrent.py); the code is ours.
 """
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 # §9 #3: the KDA l2 norms of q and k use 1e-6.
 L2_NORM_EPS = tl.constexpr(1e-6)
+# Programs per step below which a program takes 32 value channels instead of 64: small
+# batches need more programs to keep the memory system busy.
+SMALL_BATCH_PROGRAMS = 2048
+
+
+@dataclass(frozen=True)
+class KdaRecurrentConfig:
+    """Value channels per program (``block_v``; None: 32 below SMALL_BATCH_PROGRAMS
+    (request, head) pairs, else 64)."""
+
+    block_v: int | None = None
 
 
 @triton.jit
@@ -71,13 +84,14 @@ def kda_recurrent_kernel(
 def _launch(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     state: torch.Tensor, states_out: torch.Tensor, o: torch.Tensor, num_rows: int, scale: float,
-    store_every_row: bool, block_v: int | None, state_slots: torch.Tensor | None = None,
+    store_every_row: bool, config: KdaRecurrentConfig | None,
+    state_slots: torch.Tensor | None = None,
 ) -> None:
     _, num_heads, head_dim, value_dim = state.shape
     num_requests = q.shape[0]
+    block_v = config.block_v if config is not None else None
     if block_v is None:
-        # Small batches need more programs to keep the memory system busy.
-        block_v = 32 if num_requests * num_heads < 2048 else 64
+        block_v = 32 if num_requests * num_heads < SMALL_BATCH_PROGRAMS else 64
     block_v = min(block_v, triton.next_power_of_2(value_dim))
     grid = (num_requests, num_heads, triton.cdiv(value_dim, block_v))
     if num_requests == 0 or num_rows == 0:
@@ -100,14 +114,13 @@ def kda_decode_triton(
     state: torch.Tensor,
     scale: float,
     state_slots: torch.Tensor | None = None,
-    block_v: int | None = None,
+    config: KdaRecurrentConfig | None = None,
 ) -> torch.Tensor:
     """One decode step per request; the state is updated in place: ``state`` [N, H, K, V]
     fp32, or with ``state_slots`` (int64 [N], distinct) the rows ``state_slots`` of the pool
     ``state`` [S, H, K, V].
 
     q, k, g: [N, H, K]; v: [N, H, V]; beta: [N, H] -> o [N, H, V] in v.dtype.
-    ``block_v`` (value channels per program) is a tuning knob for benchmarks.
     """
     _check_recurrent_inputs("kda_decode", (q, k, v, g, beta), state, leading=q.shape[:1],
                             pooled=state_slots is not None)
@@ -115,7 +128,7 @@ def kda_decode_triton(
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     # Each program reads its own [K, BLOCK_V] slice before it writes it back, so the state
     # can be its own output.
-    _launch(q, k, v, g, beta, state, state, o, 1, scale, store_every_row=False, block_v=block_v,
+    _launch(q, k, v, g, beta, state, state, o, 1, scale, store_every_row=False, config=config,
             state_slots=None if state_slots is None else state_slots.contiguous())
     return o
 
@@ -128,7 +141,7 @@ def kda_verify_triton(
     beta: torch.Tensor,
     state: torch.Tensor,
     scale: float,
-    block_v: int | None = None,
+    config: KdaRecurrentConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tq steps per request from ``state`` (left untouched).
 
@@ -144,7 +157,7 @@ def kda_verify_triton(
                                     dtype=torch.float32, device=state.device)
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     _launch(q, k, v, g, beta, state, states_after_each, o, num_rows, scale,
-            store_every_row=True, block_v=block_v)
+            store_every_row=True, config=config)
     return o, states_after_each
 
 

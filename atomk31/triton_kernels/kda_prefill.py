@@ -6,17 +6,13 @@ It plans the chunks on the host, then runs the stages in order:
 1. stage 1 (one program per chunk and head, all in parallel): the chunk-local scores, the
    unit lower-triangular solve and the gated keys/queries. In one kernel,
    ``kda_prefill_intra``; or (``KdaPrefillTuning.intra_split``) in two,
-   ``kda_prefill_scores`` (scores and the solve, the head dimension in slices) then
-   ``kda_prefill_gated`` (gated rows, w and u as [64, 64] x [64, BLOCK] matmuls); or
-   (``scores_columns``) with the scores as [64, 16] column blocks,
-   ``kda_prefill_scores_columns``, before the gated kernel or (``fuse_gated``) with its work
-   in the same program; or (``scores_wide``) with [64, 64] accumulators,
-   ``kda_prefill_scores_wide``, before the gated kernel; or (``scores_wide`` and
-   ``fold_w_u``) with no gated kernel at all: the wide kernel also writes the gated rows
+   ``kda_prefill_scores_wide`` (scores and the solve as [64, 64] accumulators, the head
+   dimension in slices) then ``kda_prefill_gated`` (gated rows, w and u as [64, 64] x
+   [64, BLOCK] matmuls); or (``intra_split`` and ``fold_w_u``) with no gated kernel at all:
+   the wide kernel also writes the gated rows
    qg, kd, kb = β k̂ ⊙ exp(Γ), and stage 2 forms V' = P (β v - kb S) itself, so w and u
-   never go through memory (at 1 x 8K this drops stage 1b's ~1.9 GB of traffic, 0.70 ms,
-   for ~0.6 GB more writes in stage 1a and one [64, 64] x [64, BLOCK_V] product more per
-   chunk in stage 2);
+   never go through memory (stage 1b's traffic, ~1.9 GB at 1 x 8K, traded for ~0.6 GB more
+   writes in stage 1a and one [64, 64] x [64, BLOCK_V] product more per chunk in stage 2);
 2. ``kda_prefill_state`` (one program per request, head and value block, chunk after
    chunk): the state, the snapshots, and either the output (fused) or, by default, the
    state before each chunk and V' for stage 3;
@@ -49,10 +45,6 @@ from atomk31.triton_kernels.kda_prefill_intra import (
 )
 from atomk31.triton_kernels.kda_prefill_output import kda_prefill_output
 from atomk31.triton_kernels.kda_prefill_plan import plan_chunks_on_device
-from atomk31.triton_kernels.kda_prefill_scores import kda_prefill_scores
-from atomk31.triton_kernels.kda_prefill_scores_columns import (
-    kda_prefill_intra_columns, kda_prefill_scores_columns,
-)
 from atomk31.triton_kernels.kda_prefill_scores_wide import kda_prefill_scores_wide
 from atomk31.triton_kernels.kda_prefill_state import kda_prefill_state
 from atomk31.triton_kernels.kda_prefill_tuning import KdaPrefillTuning
@@ -73,7 +65,6 @@ def kda_prefill_triton(
     scale: float,
     chunk_size: int = 64,
     snapshot_at: torch.Tensor | None = None,
-    intermediate_dtype: torch.dtype | None = None,
     tuning: KdaPrefillTuning | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Chunked KDA -> (o [T, H, V] in v.dtype, final_state fp32 [N, H, K, V],
@@ -81,9 +72,9 @@ def kda_prefill_triton(
 
     q, k: [T, H, K] raw; v: [T, H, V]; g: fp32 [T, H, K] log-decay; beta: fp32 [T, H];
     initial_state: fp32 [N, H, K, V] (not modified); cu_seqlens: int32 [N+1];
-    snapshot_at: int64 [M, 2] rows (request, tokens). ``intermediate_dtype`` (default: v's
-    dtype when it is BF16/FP16, else fp32) and ``tuning`` (kda_prefill_tuning.py) are
-    tuning knobs.
+    snapshot_at: int64 [M, 2] rows (request, tokens). ``tuning``: the stages' kernels and
+    tiles (kda_prefill_tuning.py; None: ``default_tuning``), the intermediates' dtype among them
+    (None: v's dtype when it is BF16/FP16, else fp32).
     """
     if chunk_size != CHUNK_SIZE:
         raise ValueError(f"kda_prefill (triton) supports chunk_size={CHUNK_SIZE} only, got "
@@ -104,8 +95,8 @@ def kda_prefill_triton(
         table = chunk_table(plan, device)
     q, k, v = (_token_major(x) for x in (q, k, v))
     g, beta = g.float().contiguous(), beta.float().contiguous()
-    if intermediate_dtype is None:
-        intermediate_dtype = v.dtype if v.dtype in (torch.bfloat16, torch.float16) else torch.float32
+    intermediate_dtype = tuning.intermediate_dtype or \
+        (v.dtype if v.dtype in (torch.bfloat16, torch.float16) else torch.float32)
     intra = run_intra(q, k, v, g, beta, table["chunk_start"], table["chunk_len"], scale,
                       intermediate_dtype, tuning)
     num_snapshots = len(snapshot_rows)
@@ -130,34 +121,16 @@ def run_intra(
     chunk_start: torch.Tensor, chunk_len: torch.Tensor, scale: float,
     intermediate_dtype: torch.dtype, tuning: KdaPrefillTuning,
 ) -> dict[str, torch.Tensor]:
-    """Stage 1, split in two kernels (kda_prefill_scores.py, kda_prefill_gated.py) or in one
-    (kda_prefill_intra.py), as ``tuning`` says; both return the same intermediates."""
-    if tuning.scores_columns and tuning.fuse_gated:
-        return kda_prefill_intra_columns(q, k, v, g, beta, chunk_start, chunk_len, scale,
-                                         intermediate_dtype, tuning.scores_block_k,
-                                         tuning.scores_num_warps, tuning.scores_tf32_solve,
-                                         tuning.scores_bf16, tuning.compact_scores,
-                                         tuning.gated_block, tuning.bf16_products)
+    """Stage 1, in one kernel (kda_prefill_intra.py) or split (kda_prefill_scores_wide.py,
+    then kda_prefill_gated.py unless the gated rows are folded into stage 2), as ``tuning``
+    says; every path returns what stage 2 reads."""
+    if tuning.intra_split and tuning.fold_w_u:
+        return _wide_with_gated_rows(q, k, v, g, beta, chunk_start, chunk_len, scale,
+                                     intermediate_dtype, tuning)
     if tuning.intra_split:
-        # The column blocks first: a tuning that asks for them on top of the CUDA default
-        # (whose scores_wide is set) gets them.
-        if tuning.scores_columns:
-            scores = kda_prefill_scores_columns(q, k, g, beta, chunk_start, chunk_len, scale,
-                                                tuning.scores_block_k, tuning.scores_num_warps,
-                                                tuning.scores_tf32_solve, tuning.scores_bf16,
-                                                intermediate_dtype if tuning.compact_scores
-                                                else torch.float32)
-        elif tuning.scores_wide and tuning.fold_w_u:
-            return _wide_with_gated_rows(q, k, v, g, beta, chunk_start, chunk_len, scale,
-                                         intermediate_dtype, tuning)
-        elif tuning.scores_wide:
-            scores = kda_prefill_scores_wide(q, k, g, beta, chunk_start, chunk_len, scale, tuning,
-                                             intermediate_dtype if tuning.compact_scores
-                                             else torch.float32)
-        else:
-            scores = kda_prefill_scores(q, k, g, beta, chunk_start, chunk_len, scale,
-                                        tuning.scores_block_k, tuning.scores_num_warps,
-                                        tuning.scores_tf32_solve)
+        scores = kda_prefill_scores_wide(q, k, g, beta, chunk_start, chunk_len, scale, tuning,
+                                         intermediate_dtype if tuning.compact_scores
+                                         else torch.float32)
         return kda_prefill_gated(q, k, v, g, beta, chunk_start, chunk_len, scores,
                                  intermediate_dtype, tuning.gated_block, tuning.gated_num_warps,
                                  tuning.bf16_products)
@@ -188,19 +161,15 @@ def _wide_with_gated_rows(
 
 
 def default_tuning(dtype: torch.dtype) -> KdaPrefillTuning:
-    """The launchers' choices, per target and input dtype.
+    """The launchers' choices, per target and input dtype (the measurements behind them:
+    benchmarks/NOTES.md, "KDA prefill").
 
     CUDA, BF16/FP16 inputs: stage 1a as [64, 64] accumulators (kda_prefill_scores_wide.py,
     BF16 score products, 16-bit aqk and inverse, TF32 solve as fla's) writing the gated rows
-    too, w and u folded into stage 2 (``fold_w_u``: no stage 1b), and the chunk table planned
-    on the GPU when there are no snapshots. H200, session 5 round 1, 96 heads, checked against
-    the torch op in the same run (err 0.50 of the bound, as every variant): 1 x 8K 2.358 ms
-    = 1.255x fla's chunk_kda (2.958), 1 x 32K 9.251 ms = 1.265x (11.698); stages 1a 1.433,
-    2 0.627, 3 0.296 ms. Against session 4's default (TF32 scores, stage 1b: 2.876 ms): BF16
-    scores -0.19 ms, the fold -0.30 ms (stage 1b's 0.70 ms gone; stage 1a +0.21-0.24, stage 2
-    +0.16). Session 4: the host planner's sync left the GPU idle 0.38-0.77 ms per call, the
-    device planner 0.01 ms. FP32 inputs keep the single kernel, the one their GPU tests
-    covered. AMD: a lane has 512 VGPRs, 256 for two waves per SIMD; 8-warp stage 1,
+    too, w and u folded into stage 2 (``fold_w_u``: no stage 1b, whose memory traffic was
+    longer than the work the fold adds), and the chunk table planned on the GPU when there are
+    no snapshots (the host planner's sync leaves the GPU idle). FP32 inputs keep the exact
+    single kernel. AMD: a lane has 512 VGPRs, 256 for two waves per SIMD; 8-warp stage 1,
     64-wide stage 3 and 32-wide, (gfx942) unpipelined stage 2 stay within them (4 warps /
     128-wide / 64-wide stage 2 / 2 stages need 264-290)."""
     if runs_on_interpreter(kda_prefill_intra_kernel):
@@ -208,7 +177,7 @@ def default_tuning(dtype: torch.dtype) -> KdaPrefillTuning:
     target = driver.active.get_current_target()
     if target.backend != "hip":
         if dtype in (torch.bfloat16, torch.float16):
-            return KdaPrefillTuning(intra_split=True, scores_wide=True, compact_scores=True,
+            return KdaPrefillTuning(intra_split=True, compact_scores=True,
                                     scores_tf32_solve=True, plan_on_device=True,
                                     scores_bf16=True, fold_w_u=True)
         return KdaPrefillTuning()

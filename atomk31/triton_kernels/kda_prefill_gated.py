@@ -1,6 +1,6 @@
 """KDA chunked prefill, stage 1b of the split intra-chunk path: the gated rows and w, u.
 
-One program per (chunk, head), after stage 1a (``kda_prefill_scores.py``) has written the
+One program per (chunk, head), after stage 1a (``kda_prefill_scores_wide.py``) has written the
 inverse ``P = (I + L)^-1`` and the inverse norms. Walking the head dimension in BLOCK-wide
 slices (Γ is per channel, so slices are independent), it writes
 
@@ -35,8 +35,7 @@ def gated_outputs(
     BLOCK: tl.constexpr, BF16_PRODUCTS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """qg, kd, decay, w and u of one (chunk, head) from the inverse P [BT, BT] (lower, zeros
-    above), the inverse norms and β [BT] (0 past the chunk's end); shared with the fused
-    stage 1 of kda_prefill_scores_columns.py."""
+    above), the inverse norms and β [BT] (0 past the chunk's end)."""
     o_t = tl.arange(0, BT)
     m_t = o_t < length
     rows = (t0 + o_t)[:, None]
@@ -114,7 +113,7 @@ def kda_prefill_gated(
     num_warps: int = 4,
     bf16_products: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """Stage 1b over C chunks, after ``kda_prefill_scores`` gave ``scores``. Together they
+    """Stage 1b over C chunks, after ``kda_prefill_scores_wide`` gave ``scores``. Together they
     keep the contract of ``kda_prefill_intra.kda_prefill_intra``: q, k [T, H, K] (token stride
     free, head and channel dense); v [T, H, V]; g fp32 [T, H, K]; beta fp32 [T, H];
     chunk_start, chunk_len int32 [C] -> {"w": [C, H, BT, K], "u": [C, H, BT, V],

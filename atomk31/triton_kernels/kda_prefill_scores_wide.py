@@ -1,10 +1,11 @@
 """KDA chunked prefill, stage 1a as one program per (chunk, head) with [64, 64] accumulators.
 
-Same contract as ``kda_prefill_scores.py`` (the scores ``aqk``, the inverse ``(I + L)^-1`` and
-the inverse norms, read by ``kda_prefill_gated.py``); a third shape of the work. The [16, 16]
-tiles of kda_prefill_scores.py cost ~1340 instructions and 36 barriers per channel slice
-(layout conversions of twenty small operands), and the [64, 16] column blocks of
-kda_prefill_scores_columns.py reload and re-scan each key block per slice. Here each slice is
+Writes, per chunk and head, the scores ``aqk``: ``A[i,j] = Σ_d q̂_i k̂_j exp(Γ_i - Γ_j)`` for
+j <= i, the inverse ``(I + L)^-1`` with ``L[i,j] = β_i Σ_d k̂_i k̂_j exp(Γ_i - Γ_j)``, j < i,
+and the inverse norms (``scale / |q_i|``, ``1 / |k_i|``), read by ``kda_prefill_gated.py``
+or, with the gated rows, by stage 2. Why this shape: [16, 16] score tiles cost ~1340
+instructions and 36 barriers per channel slice (layout conversions of twenty small operands)
+and [64, 16] column blocks reload and re-scan each key block per slice; here each slice is
 loaded and scanned once, and every product is a full [64, BK] x [BK, 64] tensor-core matmul
 into one [64, 64] accumulator for A and one for L:
 
@@ -18,14 +19,14 @@ round trip of its operands through shared memory and barriers (~34 per slice at 
 ``JOINED`` makes the block index part of the contraction instead, one [64, 4 BK] x [4 BK, 64]
 product per slice for A and one for L (12 barriers per 16-channel slice on sm_90).
 
-Numerics (§4.4): as kda_prefill_scores_columns.py. The key factor ``exp(Γ_r(j) - Γ_t)`` is <= 1
+Numerics (§4.4): ``exp(Γ_i - Γ_j) = exp(Γ_i - Γ_r) · exp(Γ_r - Γ_j)``. The key factor ``exp(Γ_r(j) - Γ_t)`` is <= 1
 for t in block j; the query factor ``exp(Γ_i - Γ_r(j))`` is <= 1 below block j and at most
 ``exp(15 x 5.8)`` inside it (the -5.8 floor of kda_prefill_intra.py); rows above block j get
 an exponent of -inf (0), never an overflow.
 
 The solve: L (scaled, strictly lower) goes to an fp32 scratch, the program reads its ten
 [16, 16] tiles back (a barrier between: other threads wrote them) and runs the blockwise solve
-of ``kda_prefill_scores.py``, IEEE fp32 unless asked for TF32.
+of ``kda_prefill_solve.py``, IEEE fp32 unless asked for TF32.
 
 With ``GATED_ROWS`` (``KdaPrefillTuning.fold_w_u``) the same program also writes, slice by
 slice, what stage 1b would have (kda_prefill_gated.py) less its products: qg, kd, decay and
@@ -44,8 +45,7 @@ import triton.language as tl
 from triton.runtime import driver
 
 from atomk31.triton_kernels.kda_prefill_intra import CHUNK_SIZE, L2_NORM_EPS, SUB_CHUNK_SIZE
-from atomk31.triton_kernels.kda_prefill_scores_columns import (empty_scores, score_product,
-                                                              solve_stored_l)
+from atomk31.triton_kernels.kda_prefill_solve import empty_scores, score_product, solve_stored_l
 from atomk31.triton_kernels.kda_prefill_tuning import KdaPrefillTuning
 from atomk31.triton_kernels.runtime import dot_precision, runs_on_interpreter
 
@@ -249,12 +249,12 @@ def kda_prefill_scores_wide(
     scores_dtype: torch.dtype = torch.float32,
     gated_rows: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Stage 1a over C chunks, the contract of ``kda_prefill_scores.kda_prefill_scores``:
+    """Stage 1a over C chunks (module docstring):
     q, k [T, H, K] (token stride free, head and channel dense); g fp32 [T, H, K]; beta fp32
     [T, H]; chunk_start, chunk_len int32 [C] -> {"aqk", "inverse": [C, H, BT, BT] in
     ``scores_dtype`` (written whole), "inv_norm_q", "inv_norm_k": fp32 [C, H, BT]}.
-    From ``tuning``: scores_block_k, scores_num_warps, scores_tf32_solve, scores_bf16 (as
-    for the column blocks); scores_joined (each slice's four blocks as one product of
+    From ``tuning``: scores_block_k (channels per slice), scores_num_warps, scores_tf32_solve,
+    scores_bf16 (BF16 score products, 16-bit inputs only); scores_joined (each slice's four blocks as one product of
     contraction 4 x block_k: fewer, larger products and barriers); scores_max_registers (a
     cap per thread on CUDA, maxnreg; ignored elsewhere). ``gated_rows``: buffers {"qg", "kd",
     "kb": [C, H, BT, K], "decay": fp32 [C, H, K]} that the same program fills with the gated

@@ -175,7 +175,7 @@ def kda_prefill_state(
     is_wide = w.element_size() == 4
     block_v = tuning.block_v
     if block_v is None:
-        # 64 was fastest on the H200 at 1 and 4 requests x 96 heads (32 and 16 slower).
+        # 64: the fastest at 1 and 4 requests x 96 heads (benchmarks/NOTES.md, KDA prefill).
         block_v = 64
     num_stages = tuning.num_stages
     if num_stages is None:

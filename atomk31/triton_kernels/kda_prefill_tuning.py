@@ -5,20 +5,22 @@ The defaults are the launchers' choices; benchmarks pass other values to compare
 
 from dataclasses import dataclass
 
+import torch
+
 
 @dataclass(frozen=True)
 class KdaPrefillTuning:
     """None: the stage launcher's default for the inputs' dtype and the number of requests."""
-    intra_split: bool = False           # stage 1 as scores+solve then gated rows+w/u (2 kernels)
-    scores_block_k: int = 32            # split stage 1a: head channels per slice
-    scores_num_warps: int = 4           # split stage 1a
-    scores_tf32_solve: bool = False     # split stage 1a: solve in TF32 (16-bit inputs only)
-    scores_columns: bool = False        # split stage 1a: one program, [64, 16] column blocks
-    scores_bf16: bool = False           # column/wide stage 1a: BF16 score products (16-bit)
-    compact_scores: bool = False        # column/wide stage 1a: aqk, inverse in 16-bit dtype
-    fuse_gated: bool = False            # column-block stage 1a: stage 1b in the same kernel
-    scores_wide: bool = False           # split stage 1a: one program, [64, 64] accumulators
-    scores_joined: bool = False         # wide stage 1a: a slice's 4 blocks in one product
+    intermediate_dtype: torch.dtype | None = None  # w/qg/kd/u (None: v's dtype if 16-bit)
+    intra_split: bool = False           # stage 1 as the wide stage 1a ([64, 64] accumulators,
+    #                                     kda_prefill_scores_wide.py), then stage 1b (gated
+    #                                     rows + w/u) unless fold_w_u
+    scores_block_k: int = 32            # stage 1a: head channels per slice
+    scores_num_warps: int = 4           # stage 1a
+    scores_tf32_solve: bool = False     # stage 1a: solve in TF32 (16-bit inputs only)
+    scores_bf16: bool = False           # stage 1a: BF16 score products (16-bit inputs)
+    compact_scores: bool = False        # stage 1a: aqk, inverse in the 16-bit dtype
+    scores_joined: bool = False         # stage 1a: a slice's 4 blocks in one product
     scores_max_registers: int | None = None  # wide stage 1a: register cap (CUDA maxnreg)
     gated_block: int = 64               # split stage 1b: channels per product
     gated_num_warps: int = 4            # split stage 1b

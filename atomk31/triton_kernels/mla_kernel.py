@@ -28,17 +28,10 @@ vectors) instead of padding 96 to 128.
 
 Memory latency: without pipelining each key tile waits on two dependent loads (its slots, then
 its cache rows). PREFETCH 1 reads the next tile's slots during the current tile and issues all
-of a tile's row loads before its first product. H200, round 3 (96 heads, 2048 keys, FP8): it
-won with few programs (16 rows, 4 key splits: part of the default there) and lost at 64 rows
-(238 vs 200 us), where carrying the next tile's 64-bit row offsets spilled inside the runs of
-wgmma; it now carries the int32 slots (`_key_ids`) and computes the offsets per tile.
-num_stages = 2 (cp.async, which fits beside 128 query vectors only at BLOCK_N = 32) lost
-too (258 us), as did a "keys-major" kernel with keys as the products' rows (no padding, no
-recomputed scores, but A operands converted in registers: 318 us). Session 4: asking L2 for
-the next tile's rows (prefetch.global.L2, inline PTX) during this tile gained nothing at 64
-rows (152.0 vs 153.1 us) and lost at 16 (57.7 vs 47.2 us); carrying the rows themselves in
-registers spilled ~850 B (offline); one warpgroup a program (two programs a multiprocessor,
-BLOCK_N 32) lost (206 vs 153 us).
+of a tile's row loads before its first product; it carries the int32 slots (`_key_ids`), not
+the 64-bit row offsets (those spilled inside the runs of wgmma), and computes the offsets per
+tile. It pays with few programs (the 16-row default) and not with many (the variants measured
+against it: benchmarks/NOTES.md).
 
 Numbers: with bf16 queries and a bf16 or fp8 latent the products are bf16 (fp8 e4m3 is
 exact in bf16) with fp32 accumulation, and the probabilities are rounded to bf16 for the
@@ -46,9 +39,8 @@ second product; the latent scale is applied once to the scores and once to the o
 per element. With a float32 query or latent every product is float32 (ieee), as it is under
 the interpreter (whose bf16 dot is wrong). FP16_OPERANDS (FP8 latent only): the products are
 FP16 instead, over queries scaled into FP16's range by a power of two (mla_fp16_query.py) and
-probabilities rounded to FP16 (3 more significand bits than BF16): 10x closer to the fp32
-result on the H200 (4e-5 vs 4e-4) and ~7% faster (one conversion instruction per two FP8
-values instead of three).
+probabilities rounded to FP16 (3 more significand bits than BF16): closer to the fp32 result
+than BF16, and one conversion instruction per two FP8 values instead of three.
 """
 
 import triton
@@ -236,7 +228,7 @@ def sparse_mla_kernel(
             b_k_own, b_k_other, b_k_rope = _key_tile(cache_ptr, o_k, m_n, o_v, o_w, o_r,
                                                      VALUE_SPLITS)
         else:
-            # Round 2's order: the other half's keys load after the owned half's product.
+            # Without PREFETCH the other half's keys load after the owned half's product.
             p_k = cache_ptr + o_k[:, None]
             b_k_own = tl.load(p_k + o_v[None, :], mask=m_n[:, None], other=0.0)
             b_k_rope = tl.load(p_k + o_r[None, :], mask=m_n[:, None], other=0.0)

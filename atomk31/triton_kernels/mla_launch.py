@@ -1,5 +1,6 @@
-"""Launching `mla_kernel.sparse_mla_kernel` (sparse and dense MLA): checks, product types,
-tiles, the kernel launch and the merge of key splits."""
+"""Launching `mla_kernel.sparse_mla_kernel` (sparse and dense MLA): the cache layout it needs,
+product types, tiles, the kernel launch and the merge of key splits (the split plan:
+mla_splits.py, shared with the Hopper Gluon launchers)."""
 
 import math
 
@@ -10,7 +11,8 @@ import triton.language as tl
 from atomk31.triton_kernels.mla_combine import mla_combine
 from atomk31.triton_kernels.mla_fp16_query import mla_fp16_query
 from atomk31.triton_kernels.mla_kernel import LATENT_DIM, VALUE_DIM, sparse_mla_kernel
-from atomk31.triton_kernels.mla_tiles import MlaTiles, choose_tiles
+from atomk31.triton_kernels.mla_splits import key_splits, split_outputs
+from atomk31.triton_kernels.mla_tiles import MLATileConfig, MlaTiles, choose_tiles
 from atomk31.triton_kernels.runtime import runs_on_interpreter
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
@@ -36,11 +38,12 @@ def product_dtype(q: torch.Tensor, latent_cache: torch.Tensor) -> torch.dtype:
 
 
 def choose_mla_tiles(q: torch.Tensor, latent_cache: torch.Tensor, num_groups: int,
-                     max_keys: int, rows_per_program: int, **knobs: object) -> MlaTiles:
-    """`choose_tiles` for these inputs; knobs: the launcher's tuning arguments (None: choose)."""
+                     max_keys: int, rows_per_program: int, config: MLATileConfig | None,
+                     is_sparse: bool = False) -> MlaTiles:
+    """`choose_tiles` for these inputs; config: the launcher's (None: choose everything)."""
     return choose_tiles(q, product_dtype(q, latent_cache) == torch.float32,
                         runs_on_interpreter(sparse_mla_kernel), num_groups, max_keys,
-                        rows_per_program, **knobs)
+                        rows_per_program, config or MLATileConfig(), is_sparse)
 
 
 def launch_mla(
@@ -65,16 +68,8 @@ def launch_mla(
         return out, lse
     if q.stride(-1) != 1:
         q = q.contiguous()
-    num_key_tiles = max(1, triton.cdiv(max_keys, tiles.block_n))
-    keys_per_split = triton.cdiv(num_key_tiles, tiles.num_splits) * tiles.block_n
-    num_splits = max(1, triton.cdiv(max_keys, keys_per_split))
-    if num_splits == 1:
-        partial_out, partial_lse = out[:, :, None, :], lse[:, :, None]
-    else:
-        partial_out = torch.empty(num_rows, num_heads, num_splits, VALUE_DIM,
-                                  dtype=torch.float32, device=device)
-        partial_lse = torch.empty(num_rows, num_heads, num_splits, dtype=torch.float32,
-                                  device=device)
+    num_splits, keys_per_split = key_splits(max_keys, tiles.block_n, tiles.num_splits)
+    partial_out, partial_lse = split_outputs(out, lse, num_splits)
     is_dense = slots is None
     scale = latent_scale if latent_cache.dtype in FP8_DTYPES else 1.0
     dot_dtype = product_dtype(q, latent_cache)

@@ -17,34 +17,30 @@ one token no program is launched for an unused expert.
 (Both in moe_gemv_kernels.py.)
 
 Token rows: row t of program e is token t when t routes to e, else masked, so BLOCK_M >= T
-and the tensor cores multiply all T rows for every expert: 4x the routed work at 64 tokens
-(top-16 of 64). Gathered rows (``gather_rows``; the default for "dot_t_words" past 16 tokens):
-row r is the r-th token routed to e, block_m rows at a time. Ways to multiply (``MODE``),
-chosen by the launcher:
-* "fma" (few tokens): unscaled E2M1 values times the activations, summed per 32-input group,
-  then times the group's E8M0 scale: per weight one decode and BLOCK_M FMAs.
-* "fma_f32": the same with E2M1 decoded straight to fp32 bits (E2M1 * 2^-126, activations
-  times 2^64 so the products stay normal): no FP16 conversion.
-* "fma_words": the fp32 decode reading the weights as int32 words of 8 nibbles.
-* "dot" (BLOCK_M >= 16, padded tokens): weights dequantized to z's dtype (exact in BF16).
-* "dot_t": the same product transposed, W [BLOCK_N, K] as the dot's first operand and the
-  tokens as its N side, so the dequantized weights can stay in registers (no shared-memory
-  round trip of the B operand).
-* "dot_t_words": "dot_t" with the weights read as int32 words and decoded two per 32-bit
-  op (moe_mxfp4_decode.e2m1_word_pairs; inline PTX with BF16x2 multiplies on NVIDIA) straight
+and the tensor cores multiply all T rows for every expert (4x the routed work at 64 tokens,
+top-16 of 64). Gathered rows (``gather_rows``; the default for "dot_t_words" past 16 tokens):
+row r is the r-th token routed to e, block_m rows at a time. Ways to multiply (``MODE``):
+* "fma" (one token; the portable GEMV's): unscaled E2M1 values times the activations, summed
+  per 32-input group, then times the group's E8M0 scale: per weight one decode and BLOCK_M FMAs.
+* "dot_t" (the portable GEMV's from two tokens): weights dequantized to z's dtype (exact in
+  BF16) as the dot's first operand and the tokens as its N side, so the dequantized weights can
+  stay in registers (no shared-memory round trip of the B operand).
+* "dot_t_words" (``moe_experts_mxfp4_gemv_words_triton``, NVIDIA with BF16 activations):
+  "dot_t" with the weights read as int32 words and decoded two per 32-bit op
+  (moe_mxfp4_decode.e2m1_word_pairs; inline PTX with BF16x2 multiplies on NVIDIA) straight
   into the tensor-core registers: each lane decodes whole words, so the K order inside a tile
   is the "word order" of moe_gemv_tiles.words_order. The launcher permutes z into it and the
   gate/up kernel stores h in it; ~2.6 ops per weight instead of ~10. BF16 activations take
   one multiply per weight pair instead of two when the weights promise it is exact
-  (``one_factor_exact``: every E8M0 byte 0 or 59..192, ops/moe.py; ``pick_word_decode``):
-  the default wherever the flag holds (session 5), measured 60 / 64 / 65% of copy bandwidth
-  at 1 / 4 / 16 tokens against 56 / 61 / 59% with two (session 4).
-* "dot_scaled": tl.dot_scaled on the packed bytes (BF16 activations, GPU only).
+  (``one_factor_exact``: every E8M0 byte 0 or 59..192, ops/moe.py; ``pick_word_decode``).
 
-E2M1 codes are decoded through FP16 bits (moe_mxfp4_decode.py) or, in "fma_f32" / "fma_words",
-straight to fp32 bits: a few integer ops, no tables. Each mode's per-tile product (decode and
-multiply one K tile) is in moe_gemv_tiles.py; this file holds the launcher and its defaults.
+E2M1 codes are decoded through FP16 bits (moe_mxfp4_decode.py): a few integer ops, no tables.
+Each mode's per-tile product (decode and multiply one K tile) is in moe_gemv_tiles.py; this
+file holds the launchers and their tile table (the measurements behind it: benchmarks/NOTES.md,
+"MoE GEMVs").
 """
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -58,28 +54,34 @@ from atomk31.triton_kernels.runtime import runs_on_interpreter
 # The most tokens of the GEMVs (token rows: one program's rows hold them all; gathered rows:
 # each program compares all T tokens' ids): past it, the grouped GEMMs.
 MAX_TOKENS = 64
-MODES = ("fma", "fma_f32", "fma_words", "dot", "dot_t", "dot_t_words", "dot_scaled")
+MODES = ("fma", "dot_t", "dot_t_words")
 
 
-def default_mode(num_tokens: int, dtype: torch.dtype, backend: str | None) -> str:
-    """H200, 2026-11-29, round 3 (CUDA-graph replays): BF16 activations on NVIDIA take
-    "dot_t_words": 1 / 4 / 16 / 64 tokens 0.119 / 0.310 / 0.428 / 0.714 ms against round 2's
-    "fma" / "dot_t" 0.214 / 0.627 / 0.871 / 1.287 ms (56% / 62% / 62% / 37% of copy
-    bandwidth). Elsewhere (fp32 activations, AMD, the interpreter) round 2's choice: FMA at one
-    token (0.221 ms vs 0.264 ms for "dot"), "dot_t" from two. "fma_f32" is exact only for E8M0
-    scales below 2^65 and activations below 2^64, which the launcher cannot check."""
-    if dtype == torch.bfloat16 and backend == "cuda":
-        return "dot_t_words"
-    return "fma" if num_tokens <= 1 else "dot_t"
+@dataclass(frozen=True)
+class GemvConfig:
+    """Tiles of the GEMVs; a None field takes the launcher's default for the call.
+
+    mode: one of MODES. block_n / block_k: weight rows / inputs per program and K step
+    (block_k a power of two >= 32 dividing Dl and F). num_warps, num_stages (software
+    pipelining of the K loop). gather_rows: a program's rows are its expert's own tokens,
+    block_m at a time, instead of all T tokens; block_m (gathered rows only) a power of two.
+    max_registers (NVIDIA): ptxas's register cap per thread (maxnreg), for more programs per
+    SM."""
+
+    mode: str | None = None
+    block_n: int | None = None
+    block_k: int | None = None
+    num_warps: int = 4
+    num_stages: int | None = None
+    gather_rows: bool | None = None
+    block_m: int | None = None
+    max_registers: int | None = None
 
 
 def default_blocks(num_tokens: int, mode: str, latent_size: int, intermediate_size: int,
                    gather_rows: bool = False) -> tuple[int, int]:
-    """(block_n, block_k). H200, 2026-11-29, round 3, "dot_t_words": 64 rows x 256 inputs up
-    to 16 tokens (16 tokens 0.428 ms vs 0.473 for 128 x 128, 0.485 for 64 x 128), and with
-    gathered rows (session 4); 128 x 128 for token rows at 17-64 tokens (0.714 ms vs 0.848 for
-    64 x 256). Round 2: "dot" at 16 tokens 0.889 ms with 64 rows vs 0.927 ms with 32; "dot_t"
-    with 64 rows at 4-64 tokens."""
+    """(block_n, block_k): "dot_t_words" 64 rows x 256 inputs up to 16 tokens and with gathered
+    rows, 128 x 128 for token rows at 17-64 tokens; "dot_t" 64 x 128; "fma" 32 x 128."""
     if mode == "dot_t_words":
         if (num_tokens <= 16 or gather_rows) and latent_size % 256 == 0 and \
                 intermediate_size % 256 == 0:
@@ -87,28 +89,23 @@ def default_blocks(num_tokens: int, mode: str, latent_size: int, intermediate_si
         return 128, 128
     if mode == "dot_t":
         return 64, 128
-    return (64 if mode.startswith("dot") and num_tokens > 4 else 32), 128
+    return 32, 128
 
 
 def default_gather_rows(num_tokens: int, mode: str) -> bool:
-    """Gathered rows for "dot_t_words" past 16 tokens. H200, session 4, round 1, 64 tokens
-    (graph): 0.634 ms (gathered, 32 rows per chunk, 64 x 256 tiles, 2 stages, 128 registers)
-    against 0.729 ms for token rows (every program multiplies all 64 rows: 4x the routed work
-    at top-16 of 64), 0.650 ms for 64 x 128 tiles at 96 registers. Up to 16 tokens the two
-    are the same (16 rows is the smallest tensor-core tile)."""
+    """Gathered rows for "dot_t_words" past 16 tokens (token rows would multiply all T rows
+    for every expert); up to 16 tokens the two are the same (16 rows is the smallest
+    tensor-core tile)."""
     return mode == "dot_t_words" and num_tokens > 16
 
 
-def pick_word_decode(mode: str, dtype: torch.dtype, backend: str | None,
-                     one_factor_exact: bool) -> str:
+def pick_word_decode(dtype: torch.dtype, backend: str | None, one_factor_exact: bool) -> str:
     """The weight decode of "dot_t_words" (moe_gemv_tiles._words_tile_weights): inline PTX
-    with BF16x2 multiplies for BF16 activations on NVIDIA, plain Triton elsewhere; the
-    one-multiply form ("*_one_factor") for BF16 activations when the weights promise it is
-    exact (one_factor_exact, ops/moe.py), the two-multiply form otherwise. fp32 activations
-    always take the exact fp32 decode "triton". H200, session 4, final benchmarks (graph,
-    one run): 1 / 4 / 16 tokens 0.110 / 0.296 / 0.402 ms with one multiply against 0.119 /
-    0.313 / 0.440 ms with two (60 / 64 / 65% against 56 / 61 / 59% of copy bandwidth)."""
-    if mode != "dot_t_words" or dtype != torch.bfloat16:
+    with BF16x2 multiplies for BF16 activations on NVIDIA, plain Triton elsewhere (``backend``
+    None: the interpreter); the one-multiply form ("*_one_factor") for BF16 activations when
+    the weights promise it is exact (one_factor_exact, ops/moe.py), the two-multiply form
+    otherwise. fp32 activations always take the exact fp32 decode "triton"."""
+    if dtype != torch.bfloat16:
         return "triton"
     decode = "ptx" if backend == "cuda" else "triton"
     return decode + "_one_factor" if one_factor_exact else decode
@@ -118,12 +115,12 @@ def default_stages_and_registers(mode: str, gather_rows: bool, word_decode: str,
                                  num_stages: int | None,
                                  max_registers: int | None) -> tuple[int, int | None]:
     """(num_stages, max_registers) unless given: 2 stages and a 128-register cap (4 programs
-    per SM instead of 2: 50 KB of shared memory, no spills) for the measured gathered-rows
-    configuration (BF16 "dot_t_words", NVIDIA); else 3 stages, no cap."""
-    measured = mode == "dot_t_words" and gather_rows and word_decode.startswith("ptx")
+    per SM instead of 2: 50 KB of shared memory, no spills) for gathered rows with the PTX word
+    decode; else 3 stages, no cap."""
+    gathered_ptx = mode == "dot_t_words" and gather_rows and word_decode.startswith("ptx")
     if num_stages is None:
-        num_stages = 2 if measured else 3
-    if max_registers is None and measured:
+        num_stages = 2 if gathered_ptx else 3
+    if max_registers is None and gathered_ptx:
         max_registers = 128
     return num_stages, max_registers
 
@@ -145,87 +142,76 @@ def to_words_order(z: torch.Tensor, block_k: int) -> torch.Tensor:
 
 
 def moe_experts_mxfp4_gemv_triton(
-    z: torch.Tensor,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-    w13_packed: torch.Tensor,
-    w13_scales: torch.Tensor,
-    w2_packed: torch.Tensor,
-    w2_scales: torch.Tensor,
-    beta: float,
-    linear_beta: float | None,
-    mode: str | None = None,
-    block_n: int | None = None,
-    block_k: int | None = None,
-    num_warps: int = 4,
-    num_stages: int | None = None,
-    loop_stages: int = 0,
-    one_factor_exact: bool = False,
-    gather_rows: bool | None = None,
-    block_m: int | None = None,
-    max_registers: int | None = None,
+    z: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+    w13_packed: torch.Tensor, w13_scales: torch.Tensor, w2_packed: torch.Tensor,
+    w2_scales: torch.Tensor, beta: float, linear_beta: float | None,
+    one_factor_exact: bool = False, config: GemvConfig | None = None,
 ) -> torch.Tensor:
-    """Small-batch path; arguments as ``moe_experts_mxfp4_triton`` (shapes checked there).
+    """``moe_experts_mxfp4`` (contract and argument check: ops/moe.py) for T <= MAX_TOKENS, the
+    portable GEMV: "fma" at one token, "dot_t" from two (``config`` may name any mode).
+    -> u fp32 [T, Dl]."""
+    config = config or GemvConfig()
+    default = "fma" if topk_ids.shape[0] <= 1 else "dot_t"
+    return _gemv(z, topk_weights, topk_ids, (w13_packed, w13_scales, w2_packed, w2_scales),
+                 beta, linear_beta, one_factor_exact, config, config.mode or default)
 
-    mode: one of MODES (None: default_mode); "dot_scaled" needs BF16 activations on a GPU.
-    block_n / block_k (None: default_blocks) / num_warps / num_stages (None:
-    default_stages_and_registers) are tuning knobs for benchmarks (block_k a power of two
-    >= 32 dividing Dl and F); loop_stages > 0 pipelines the
-    K loop's loads explicitly (tl.range num_stages), 0 leaves it to Triton. one_factor_exact:
-    the weights' promise that every scale byte is 0 or in 59..192 (ops/moe.py): BF16
-    "dot_t_words" then decodes with one multiply per weight pair (pick_word_decode).
-    gather_rows: a program's rows are its expert's own tokens, block_m at a time (None:
-    default_gather_rows), instead of all T tokens; block_m (gathered rows only; None:
-    default_gather_block_m) a power of two >= 16 for the "dot" modes. max_registers (NVIDIA;
-    None: default_stages_and_registers): ptxas's register cap per thread (maxnreg), for more
-    programs per SM."""
+
+def moe_experts_mxfp4_gemv_words_triton(
+    z: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+    w13_packed: torch.Tensor, w13_scales: torch.Tensor, w2_packed: torch.Tensor,
+    w2_scales: torch.Tensor, beta: float, linear_beta: float | None,
+    one_factor_exact: bool = False, config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """As ``moe_experts_mxfp4_gemv_triton`` in mode "dot_t_words" (the word decode), the GEMV
+    of NVIDIA GPUs with BF16 activations."""
+    config = config or GemvConfig()
+    return _gemv(z, topk_weights, topk_ids, (w13_packed, w13_scales, w2_packed, w2_scales),
+                 beta, linear_beta, one_factor_exact, config, config.mode or "dot_t_words")
+
+
+def _gemv(z: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+          weights: tuple[torch.Tensor, ...], beta: float, linear_beta: float | None,
+          one_factor_exact: bool, config: GemvConfig, mode: str) -> torch.Tensor:
+    w13_packed, w13_scales, w2_packed, w2_scales = weights
     num_experts, two_f, half_latent = w13_packed.shape
     latent_size, intermediate_size = 2 * half_latent, two_f // 2
     num_tokens, top_k = topk_ids.shape
     if num_tokens > MAX_TOKENS:
         raise ValueError(f"moe_experts_mxfp4 (gemv): at most {MAX_TOKENS} tokens, got "
                          f"{num_tokens}; use the grouped GEMMs")
-    on_interpreter = runs_on_interpreter(moe_gate_up_gemv_kernel)
-    backend = None if on_interpreter else driver.active.get_current_target().backend
-    if mode is None:
-        mode = default_mode(num_tokens, z.dtype, backend)
     if mode not in MODES:
         raise ValueError(f"moe_experts_mxfp4 (gemv): mode must be one of {MODES}, got {mode!r}")
-    if gather_rows is None:
-        gather_rows = default_gather_rows(num_tokens, mode)
-    if block_m is not None and not gather_rows:
+    on_interpreter = runs_on_interpreter(moe_gate_up_gemv_kernel)
+    backend = None if on_interpreter else driver.active.get_current_target().backend
+    gather_rows = default_gather_rows(num_tokens, mode) if config.gather_rows is None \
+        else config.gather_rows
+    if config.block_m is not None and not gather_rows:
         raise ValueError("moe_experts_mxfp4 (gemv): block_m is for gathered rows only "
-                         f"(gather_rows=True), got block_m={block_m}")
+                         f"(gather_rows=True), got block_m={config.block_m}")
     default_n, default_k = default_blocks(num_tokens, mode, latent_size, intermediate_size,
                                           gather_rows)
-    block_n = default_n if block_n is None else block_n
-    block_k = default_k if block_k is None else block_k
+    block_n, block_k = config.block_n or default_n, config.block_k or default_k
     if latent_size % block_n or latent_size % block_k or intermediate_size % block_n or \
             intermediate_size % block_k:
         raise ValueError(f"moe_experts_mxfp4 (gemv): Dl={latent_size} and F={intermediate_size} "
                          f"must be multiples of block_n={block_n} and block_k={block_k}")
-    if mode == "dot_scaled" and (on_interpreter or z.dtype != torch.bfloat16):
-        raise ValueError("moe_experts_mxfp4 (gemv): mode 'dot_scaled' needs BF16 activations on "
-                         f"a GPU, got {z.dtype}{' on the interpreter' if on_interpreter else ''}")
     u = torch.zeros((num_tokens, latent_size), dtype=torch.float32, device=z.device)
     if num_tokens == 0:
         return u
-    if block_m is None:
-        block_m = (default_gather_block_m(num_tokens, top_k, num_experts) if gather_rows
-                   else triton.next_power_of_2(num_tokens))
-    if mode.startswith("dot"):
+    block_m = config.block_m or (default_gather_block_m(num_tokens, top_k, num_experts)
+                                 if gather_rows else triton.next_power_of_2(num_tokens))
+    if mode != "fma":
         # The smallest tile that stays on wgmma with the weights in registers (triton 3.6
-        # takes 8 tokens to mma.sync through shared memory: 1162 instead of 974 instructions).
+        # takes 8 tokens to mma.sync through shared memory, ~20% more instructions).
         block_m = max(block_m, 16)
     if block_m & (block_m - 1):
         raise ValueError(f"moe_experts_mxfp4 (gemv): block_m must be a power of two, got "
                          f"{block_m}")
     packed_inputs = 2
-    if mode in ("fma_words", "dot_t_words"):
+    if mode == "dot_t_words":
         # 8 nibbles per int32 word (rows are multiples of 128 inputs: whole words).
         w13_packed, w2_packed, packed_inputs = (w13_packed.view(torch.int32),
                                                 w2_packed.view(torch.int32), 8)
-    if mode == "dot_t_words":
         z = to_words_order(z, block_k)
     elif z.stride(1) != 1:
         z = z.contiguous()
@@ -238,9 +224,10 @@ def moe_experts_mxfp4_gemv_triton(
     # are written). Gathered rows: the T * k pairs in expert order.
     hidden_rows = num_slots if gather_rows else num_experts * block_m
     hidden = torch.empty((hidden_rows, intermediate_size), dtype=z.dtype, device=z.device)
-    word_decode = pick_word_decode(mode, z.dtype, backend, one_factor_exact)
-    num_stages, max_registers = default_stages_and_registers(mode, gather_rows, word_decode,
-                                                             num_stages, max_registers)
+    word_decode = pick_word_decode(z.dtype, backend, one_factor_exact) \
+        if mode == "dot_t_words" else "triton"
+    num_stages, max_registers = default_stages_and_registers(
+        mode, gather_rows, word_decode, config.num_stages, config.max_registers)
     # fp32 activations: exact fp32 products (no TF32) on the GPU as on the interpreter.
     meta = dict(F=intermediate_size, DL=latent_size, TOP_K=top_k, BLOCK_M=block_m,
                 BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_TOP_K=triton.next_power_of_2(top_k),
@@ -249,7 +236,7 @@ def moe_experts_mxfp4_gemv_triton(
                 # Only programs per slot read the slots: 1 otherwise, so that batch sizes
                 # share their compiles.
                 BY_SLOT=by_slot, BLOCK_SLOTS=triton.next_power_of_2(num_slots) if by_slot else 1,
-                LOOP_STAGES=loop_stages, num_warps=num_warps, num_stages=num_stages,
+                num_warps=config.num_warps, num_stages=num_stages,
                 WORD_DECODE=word_decode, GATHER=gather_rows,
                 BLOCK_T=triton.next_power_of_2(num_tokens) if gather_rows else 1,
                 CHUNKS=triton.cdiv(num_tokens, block_m) if gather_rows else 1)

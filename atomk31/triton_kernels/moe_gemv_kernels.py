@@ -98,7 +98,7 @@ def gate_up_rows(z_ptr, stride_z, tokens, m_m, h_row0, i_e, i_n, packed_ptr, sca
                   h_ptr, beta, linear_beta, F: tl.constexpr, DL: tl.constexpr,
                   HAS_LINEAR_CAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, PACKED_INPUTS: tl.constexpr, MODE: tl.constexpr,
-                  DOT_FP32: tl.constexpr, LOOP_STAGES: tl.constexpr, WORD_DECODE: tl.constexpr):
+                  DOT_FP32: tl.constexpr, WORD_DECODE: tl.constexpr):
     """h rows h_row0 .. h_row0 + BLOCK_M - 1, columns of program i_n: SiTU-GLU of the gate and
     up products of expert i_e with the activation rows `tokens` (masked by m_m)."""
     p_rows = z_ptr + tokens.to(tl.int64) * stride_z
@@ -111,19 +111,10 @@ def gate_up_rows(z_ptr, stride_z, tokens, m_m, h_row0, i_e, i_n, packed_ptr, sca
     p_up_scales = p_gate_scales + F * STRIDE_SCALES
     b_gate = tile_accumulator(BLOCK_M, BLOCK_N, MODE)
     b_up = tile_accumulator(BLOCK_M, BLOCK_N, MODE)
-    if LOOP_STAGES > 0:
-        # Explicit stages: Triton then pipelines the weight loads even without a tl.dot.
-        for k0 in tl.range(0, DL, BLOCK_K, num_stages=LOOP_STAGES):
-            b_gate, b_up = _gate_up_step(b_gate, b_up, p_rows, m_m, p_gate_packed,
-                                         p_gate_scales, p_up_packed, p_up_scales, k0,
-                                         STRIDE_PACKED, STRIDE_SCALES, BLOCK_M, BLOCK_N,
-                                         BLOCK_K, MODE, DOT_FP32, WORD_DECODE)
-    else:
-        for k0 in range(0, DL, BLOCK_K):
-            b_gate, b_up = _gate_up_step(b_gate, b_up, p_rows, m_m, p_gate_packed,
-                                         p_gate_scales, p_up_packed, p_up_scales, k0,
-                                         STRIDE_PACKED, STRIDE_SCALES, BLOCK_M, BLOCK_N,
-                                         BLOCK_K, MODE, DOT_FP32, WORD_DECODE)
+    for k0 in range(0, DL, BLOCK_K):
+        b_gate, b_up = _gate_up_step(b_gate, b_up, p_rows, m_m, p_gate_packed, p_gate_scales,
+                                     p_up_packed, p_up_scales, k0, STRIDE_PACKED, STRIDE_SCALES,
+                                     BLOCK_M, BLOCK_N, BLOCK_K, MODE, DOT_FP32, WORD_DECODE)
     store_gate_up(b_gate, b_up, h_ptr, h_row0, m_m, i_n, beta, linear_beta, F, HAS_LINEAR_CAP,
                   BLOCK_M, BLOCK_N, BLOCK_K, MODE, WORD_DECODE)
 
@@ -135,7 +126,7 @@ def store_gate_up(b_gate, b_up, h_ptr, h_row0, m_m, i_n, beta, linear_beta, F: t
     """h rows h_row0 .. h_row0 + BLOCK_M - 1 (masked by m_m), columns of program i_n: SiTU-GLU
     of the K loop's gate and up accumulators (in MODE's layout)."""
     o_m = tl.arange(0, BLOCK_M)
-    if MODE == "dot_t" or MODE == "dot_t_words":
+    if MODE != "fma":
         b_gate = tl.trans(b_gate)
         b_up = tl.trans(b_up)
     b_gate = undo_one_factor(b_gate, WORD_DECODE)
@@ -166,7 +157,7 @@ def moe_gate_up_gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_TOP_K: tl.constexpr, PACKED_INPUTS: tl.constexpr, MODE: tl.constexpr,
     DOT_FP32: tl.constexpr, BY_SLOT: tl.constexpr, BLOCK_SLOTS: tl.constexpr,
-    LOOP_STAGES: tl.constexpr, WORD_DECODE: tl.constexpr, GATHER: tl.constexpr,
+    WORD_DECODE: tl.constexpr, GATHER: tl.constexpr,
     BLOCK_T: tl.constexpr, CHUNKS: tl.constexpr,
 ):
     i_p, i_n = tl.program_id(0), tl.program_id(1)
@@ -188,7 +179,7 @@ def moe_gate_up_gemv_kernel(
         gate_up_rows(z_ptr, stride_z, tokens, tl.arange(0, BLOCK_M) < count - m0,
                       (h_row0 + m0).to(tl.int64), i_e, i_n, packed_ptr, scales_ptr, h_ptr, beta,
                       linear_beta, F, DL, HAS_LINEAR_CAP, BLOCK_M, BLOCK_N, BLOCK_K,
-                      PACKED_INPUTS, MODE, DOT_FP32, LOOP_STAGES, WORD_DECODE)
+                      PACKED_INPUTS, MODE, DOT_FP32, WORD_DECODE)
     else:
         m_m, _ = _expert_tokens(ids_ptr, weights_ptr, i_e, num_tokens, TOP_K, BLOCK_M,
                                 BLOCK_TOP_K)
@@ -197,14 +188,14 @@ def moe_gate_up_gemv_kernel(
         gate_up_rows(z_ptr, stride_z, tl.arange(0, BLOCK_M), m_m, i_e.to(tl.int64) * BLOCK_M,
                       i_e, i_n, packed_ptr, scales_ptr, h_ptr, beta, linear_beta, F, DL,
                       HAS_LINEAR_CAP, BLOCK_M, BLOCK_N, BLOCK_K, PACKED_INPUTS, MODE, DOT_FP32,
-                      LOOP_STAGES, WORD_DECODE)
+                      WORD_DECODE)
 
 
 @triton.jit
 def down_product(h_ptr, h_row0, m_m, i_e, i_n, packed_ptr, scales_ptr, F: tl.constexpr,
                   DL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, PACKED_INPUTS: tl.constexpr, MODE: tl.constexpr,
-                  DOT_FP32: tl.constexpr, LOOP_STAGES: tl.constexpr, WORD_DECODE: tl.constexpr):
+                  DOT_FP32: tl.constexpr, WORD_DECODE: tl.constexpr):
     """(h rows h_row0 .. h_row0 + BLOCK_M - 1, masked by m_m) W2_{i_e}^T for the output
     columns of program i_n, fp32 [BLOCK_M, BLOCK_N]."""
     o_m = tl.arange(0, BLOCK_M)
@@ -215,19 +206,12 @@ def down_product(h_ptr, h_row0, m_m, i_e, i_n, packed_ptr, scales_ptr, F: tl.con
     p_packed = packed_ptr + row0 * STRIDE_PACKED
     p_scales = scales_ptr + row0 * STRIDE_SCALES
     b_acc = tile_accumulator(BLOCK_M, BLOCK_N, MODE)
-    if LOOP_STAGES > 0:
-        for k0 in tl.range(0, F, BLOCK_K, num_stages=LOOP_STAGES):
-            b_even, b_odd, b_a = load_activations(p_rows, m_m, k0, BLOCK_K, MODE)
-            b_acc = tile_product(b_even, b_odd, b_a, p_packed, p_scales, k0,
-                                 b_acc, STRIDE_PACKED, STRIDE_SCALES, BLOCK_M, BLOCK_N,
-                                 BLOCK_K, MODE, DOT_FP32, WORD_DECODE)
-    else:
-        for k0 in range(0, F, BLOCK_K):
-            b_even, b_odd, b_a = load_activations(p_rows, m_m, k0, BLOCK_K, MODE)
-            b_acc = tile_product(b_even, b_odd, b_a, p_packed, p_scales, k0,
-                                 b_acc, STRIDE_PACKED, STRIDE_SCALES, BLOCK_M, BLOCK_N,
-                                 BLOCK_K, MODE, DOT_FP32, WORD_DECODE)
-    if MODE == "dot_t" or MODE == "dot_t_words":
+    for k0 in range(0, F, BLOCK_K):
+        b_even, b_odd, b_a = load_activations(p_rows, m_m, k0, BLOCK_K, MODE)
+        b_acc = tile_product(b_even, b_odd, b_a, p_packed, p_scales, k0, b_acc, STRIDE_PACKED,
+                             STRIDE_SCALES, BLOCK_M, BLOCK_N, BLOCK_K, MODE, DOT_FP32,
+                             WORD_DECODE)
+    if MODE != "fma":
         b_acc = tl.trans(b_acc)
     b_acc = undo_one_factor(b_acc, WORD_DECODE)
     return b_acc
@@ -255,7 +239,7 @@ def moe_down_gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_TOP_K: tl.constexpr, PACKED_INPUTS: tl.constexpr, MODE: tl.constexpr,
     DOT_FP32: tl.constexpr, BY_SLOT: tl.constexpr, BLOCK_SLOTS: tl.constexpr,
-    LOOP_STAGES: tl.constexpr, WORD_DECODE: tl.constexpr, GATHER: tl.constexpr,
+    WORD_DECODE: tl.constexpr, GATHER: tl.constexpr,
     BLOCK_T: tl.constexpr, CHUNKS: tl.constexpr,
 ):
     i_p, i_n = tl.program_id(0), tl.program_id(1)
@@ -272,7 +256,7 @@ def moe_down_gemv_kernel(
         b_acc = down_product(h_ptr, (h_row0 + m0).to(tl.int64),
                               tl.arange(0, BLOCK_M) < count - m0, i_e, i_n, packed_ptr,
                               scales_ptr, F, DL, BLOCK_M, BLOCK_N, BLOCK_K, PACKED_INPUTS, MODE,
-                              DOT_FP32, LOOP_STAGES, WORD_DECODE)
+                              DOT_FP32, WORD_DECODE)
         # The chunk's tokens and weights after the K loop: nothing of them stays live
         # through it.
         tokens, m_m, b_weight, _count, _first = _gathered_rows(
@@ -285,5 +269,5 @@ def moe_down_gemv_kernel(
             return
         b_acc = down_product(h_ptr, i_e.to(tl.int64) * BLOCK_M, m_m, i_e, i_n, packed_ptr,
                               scales_ptr, F, DL, BLOCK_M, BLOCK_N, BLOCK_K, PACKED_INPUTS, MODE,
-                              DOT_FP32, LOOP_STAGES, WORD_DECODE)
+                              DOT_FP32, WORD_DECODE)
         add_rows(u_ptr, tl.arange(0, BLOCK_M), m_m, b_weight, b_acc, i_n, DL, BLOCK_N)

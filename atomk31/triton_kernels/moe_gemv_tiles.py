@@ -1,11 +1,11 @@
 """Per-tile products of the MoE GEMVs (moe_gemv.py): one K tile of MXFP4 weight rows decoded
 and multiplied by the activation rows, in each ``MODE``.
 
-``tile_product`` is the entry: "fma_words" reads the weights as int32 words of 8 nibbles
-(``_word_tile_product``), every other mode as bytes (``_byte_tile_product``: FP16-bit or, in
-"fma_f32", fp32-bit E2M1 decode; FMA group sums, ``tl.dot`` or ``tl.dot_scaled``).
-``load_activations`` loads a K tile of the activation rows in the layout its mode needs and
-``tile_accumulator`` zeroes the mode's accumulator ([BLOCK_N, BLOCK_M] for "dot_t").
+``tile_product`` is the entry: "dot_t_words" reads the weights as int32 words of 8 nibbles
+(``_words_tile_weights``), "fma" and "dot_t" as bytes (``_byte_tile_product``: FP16-bit E2M1
+decode; FMA group sums or ``tl.dot``). ``load_activations`` loads a K tile of the activation
+rows in the layout its mode needs and ``tile_accumulator`` zeroes the mode's accumulator
+([BLOCK_N, BLOCK_M] for the transposed "dot_t" modes).
 """
 
 import triton
@@ -15,12 +15,6 @@ from atomk31.triton_kernels.moe_mxfp4_decode import (ONE_FACTOR_SHIFT, e2m1_time
                                                      e2m1_word_pairs, e2m1_word_pairs_scaled_ptx,
                                                      e8m0_factor)
 
-# "fma_words" decodes E2M1 as fp32 E2M1 * 2^-126 and multiplies it by activations times
-# 2^ACTIVATION_SHIFT (see _word_tile_product): products stay normal unless |a * w| < 2^-62,
-# activations must stay under 2^64 and the group scales under 2^65 (real weights: ~2^-8).
-ACTIVATION_SHIFT = 64
-ACTIVATION_SCALE = tl.constexpr(2.0 ** ACTIVATION_SHIFT)
-WORD_PRODUCT_SCALE = tl.constexpr(2.0 ** (126 - ACTIVATION_SHIFT - 14))
 TWO_POW_126 = tl.constexpr(2.0 ** 126)
 ONE_FACTOR_UNDO = tl.constexpr(2.0 ** ONE_FACTOR_SHIFT.value)
 # The one-multiply decodes' factor byte: 2^(s - 1 - ONE_FACTOR_SHIFT) has exponent field
@@ -33,11 +27,12 @@ def _byte_tile_product(b_a_even, b_a_odd, b_a, p_packed, p_scales, k0, acc,
                        STRIDE_PACKED: tl.constexpr, STRIDE_SCALES: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MODE: tl.constexpr,
                        DOT_FP32: tl.constexpr):
-    """acc [BLOCK_M, BLOCK_N] + a[:, k0:k0+BLOCK_K] @ W[rows, k0:k0+BLOCK_K]^T, W as bytes.
+    """acc + a[:, k0:k0+BLOCK_K] @ W[rows, k0:k0+BLOCK_K]^T, W as bytes.
 
     "fma": b_a_even / b_a_odd are the activations of even / odd inputs as [BLOCK_M, G, 16]
-    fp32 (G = BLOCK_K / 32 groups), matching the low / high nibbles. "dot" / "dot_scaled": b_a
-    is [BLOCK_M, BLOCK_K]. "dot_t": acc is [BLOCK_N, BLOCK_M] (the product transposed)."""
+    fp32 (G = BLOCK_K / 32 groups), matching the low / high nibbles; acc is [BLOCK_M, BLOCK_N].
+    "dot_t": b_a is [BLOCK_M, BLOCK_K] and acc [BLOCK_N, BLOCK_M] (the product transposed, the
+    weights as the dot's first operand so they can stay in registers)."""
     GROUPS: tl.constexpr = BLOCK_K // 32
     o_n = tl.arange(0, BLOCK_N)
     # Triton's alignment analysis loses k0's divisibility through `//`: without the hints
@@ -46,97 +41,25 @@ def _byte_tile_product(b_a_even, b_a_odd, b_a, p_packed, p_scales, k0, acc,
     o_g = tl.multiple_of(k0 // 32, GROUPS) + tl.arange(0, GROUPS)
     b_bytes = tl.load(p_packed + o_n[:, None] * STRIDE_PACKED + o_kp[None, :])
     b_scales = tl.load(p_scales + o_n[:, None] * STRIDE_SCALES + o_g[None, :])
-    if MODE == "dot_scaled":
-        # Native MX tensor cores where they exist; Triton's own upcast to BF16 on Hopper.
-        acc = tl.dot_scaled(b_a, None, "bf16", tl.trans(b_bytes), b_scales, "e2m1", acc)
+    b_packed = b_bytes.to(tl.int32)
+    b_factor = e8m0_factor(b_scales)
+    b_low = e2m1_times_2_pow_minus_14(b_packed & 0xF)
+    b_high = e2m1_times_2_pow_minus_14(b_packed >> 4)
+    if MODE == "dot_t":
+        b_w = tl.reshape(tl.join(b_low, b_high), (BLOCK_N, GROUPS, 32))
+        b_w = tl.reshape(b_w * b_factor[:, :, None], (BLOCK_N, BLOCK_K))
+        if DOT_FP32:
+            acc = tl.dot(b_w, tl.trans(b_a.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(b_w.to(b_a.dtype), tl.trans(b_a), acc)
     else:
-        b_packed = b_bytes.to(tl.int32)
-        b_factor = e8m0_factor(b_scales)
-        if MODE == "fma_f32":
-            # As "fma_words": fp32 bits E2M1 * 2^-126 straight from the byte (no FP16 step),
-            # activations times 2^ACTIVATION_SHIFT.
-            b_low = (((b_packed & 7) << 22) | ((b_packed & 8) << 28)).to(tl.float32,
-                                                                          bitcast=True)
-            b_high = (((b_packed & 0x70) << 18) | ((b_packed & 0x80) << 24)).to(tl.float32,
-                                                                                bitcast=True)
-            b_factor = b_factor * WORD_PRODUCT_SCALE
-        else:
-            b_low = e2m1_times_2_pow_minus_14(b_packed & 0xF)
-            b_high = e2m1_times_2_pow_minus_14(b_packed >> 4)
-        if MODE == "dot" or MODE == "dot_t":
-            b_w = tl.reshape(tl.join(b_low, b_high), (BLOCK_N, GROUPS, 32))
-            b_w = tl.reshape(b_w * b_factor[:, :, None], (BLOCK_N, BLOCK_K))
-            if MODE == "dot_t":
-                if DOT_FP32:
-                    acc = tl.dot(b_w, tl.trans(b_a.to(tl.float32)), acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(b_w.to(b_a.dtype), tl.trans(b_a), acc)
-            elif DOT_FP32:
-                acc = tl.dot(b_a.to(tl.float32), tl.trans(b_w), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(b_a, tl.trans(b_w.to(b_a.dtype)), acc)
-        else:
-            b_low = tl.reshape(b_low, (1, BLOCK_N, GROUPS, 16))
-            b_high = tl.reshape(b_high, (1, BLOCK_N, GROUPS, 16))
-            # Sum each 32-input group unscaled, then apply its scale once.
-            b_group = tl.sum(b_low * b_a_even[:, None, :, :] + b_high * b_a_odd[:, None, :, :],
-                             axis=3)
-            acc += tl.sum(b_group * b_factor[None, :, :], axis=2)
+        b_low = tl.reshape(b_low, (1, BLOCK_N, GROUPS, 16))
+        b_high = tl.reshape(b_high, (1, BLOCK_N, GROUPS, 16))
+        # Sum each 32-input group unscaled, then apply its scale once.
+        b_group = tl.sum(b_low * b_a_even[:, None, :, :] + b_high * b_a_odd[:, None, :, :],
+                         axis=3)
+        acc += tl.sum(b_group * b_factor[None, :, :], axis=2)
     return acc
-
-
-@triton.jit
-def _nibble_product(b_part, b_words, b_a, i: tl.constexpr):
-    """b_part [M, N, WORDS] + (nibble i of every word) * (its input 8 w + i, b_a [M, WORDS])."""
-    b_top = b_words << (28 - 4 * i)
-    b_w = ((b_top & 0x80000000) | ((b_top >> 6) & 0x01C00000)).to(tl.float32, bitcast=True)
-    return b_part + b_w[None, :, :] * b_a[:, None, :]
-
-
-@triton.jit
-def _word_tile_product(b_a, p_words, p_scales, k0, acc,
-                       STRIDE_WORDS: tl.constexpr, STRIDE_SCALES: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """MODE "fma_words": as _byte_tile_product's "fma", W read as int32 words of 8 nibbles.
-
-    Nibble i of a word shifted to the top keeps its sign at bit 31; its 3 magnitude bits moved
-    to bits 22..24 make an fp32 equal to E2M1 * 2^-126 (0.5 a subnormal, exact: no
-    flush-to-zero in these kernels). The activations b_a [BLOCK_M, BLOCK_K] arrive times
-    2^ACTIVATION_SHIFT (load_activations), so the products stay normal and the 2^-126 goes
-    into the group's scale: 3 integer ops and one FMA per weight, no conversions. The 8 nibble
-    positions are unrolled, so every thread keeps whole words and sums without shuffles until
-    the end of the tile."""
-    GROUPS: tl.constexpr = BLOCK_K // 32
-    WORDS: tl.constexpr = BLOCK_K // 8
-    o_n = tl.arange(0, BLOCK_N)
-    o_g = tl.multiple_of(k0 // 32, GROUPS) + tl.arange(0, GROUPS)
-    o_kw = tl.multiple_of(k0 // 8, WORDS) + tl.arange(0, WORDS)
-    b_words = tl.load(p_words + o_n[:, None] * STRIDE_WORDS + o_kw[None, :])
-    b_words = b_words.to(tl.uint32, bitcast=True)
-    # Input 8 w + 4 i2 + 2 i1 + i0 -> [M, WORDS, i2, i1, i0]; three splits give the 8 inputs
-    # of every word as [M, WORDS] tensors, in registers.
-    b_a = tl.reshape(b_a, (BLOCK_M, WORDS, 2, 2, 2))
-    b_i0_0, b_i0_1 = tl.split(b_a)
-    b_00, b_10 = tl.split(b_i0_0)
-    b_01, b_11 = tl.split(b_i0_1)
-    b_a0, b_a4 = tl.split(b_00)
-    b_a2, b_a6 = tl.split(b_10)
-    b_a1, b_a5 = tl.split(b_01)
-    b_a3, b_a7 = tl.split(b_11)
-    b_part = tl.zeros([BLOCK_M, BLOCK_N, WORDS], dtype=tl.float32)
-    b_part = _nibble_product(b_part, b_words, b_a0, 0)
-    b_part = _nibble_product(b_part, b_words, b_a1, 1)
-    b_part = _nibble_product(b_part, b_words, b_a2, 2)
-    b_part = _nibble_product(b_part, b_words, b_a3, 3)
-    b_part = _nibble_product(b_part, b_words, b_a4, 4)
-    b_part = _nibble_product(b_part, b_words, b_a5, 5)
-    b_part = _nibble_product(b_part, b_words, b_a6, 6)
-    b_part = _nibble_product(b_part, b_words, b_a7, 7)
-    b_factor = e8m0_factor(tl.load(p_scales + o_n[:, None] * STRIDE_SCALES + o_g[None, :]))
-    b_factor = tl.reshape(tl.broadcast_to(b_factor[:, :, None], (BLOCK_N, GROUPS, 4)),
-                          (BLOCK_N, WORDS))
-    # e8m0_factor carries 2^14 (for the FP16 decode); this decode needs 2^(126 - SHIFT).
-    return acc + tl.sum(b_part * b_factor[None, :, :], axis=2) * WORD_PRODUCT_SCALE
 
 
 @triton.jit
@@ -212,7 +135,7 @@ def load_words_tile(p_words, k0, STRIDE_WORDS: tl.constexpr, BLOCK_N: tl.constex
                     BLOCK_K: tl.constexpr):
     """The packed words of rows p_words[0 .. BLOCK_N-1] for inputs k0 .. k0 + BLOCK_K, as int32
     [BLOCK_N, 4 (c), BLOCK_K / 32 (q)], as _words_tile_weights loads them (there inline, beside
-    its scale load: that order is the measured GEMV's)."""
+    its scale load, in the GEMV's order)."""
     Q: tl.constexpr = BLOCK_K // 32
     WORDS: tl.constexpr = BLOCK_K // 8
     o_n = tl.arange(0, BLOCK_N)
@@ -271,9 +194,9 @@ def words_order(o_k, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def tile_product(b_a_even, b_a_odd, b_a, p_packed, p_scales, k0, acc,
-                  STRIDE_PACKED: tl.constexpr, STRIDE_SCALES: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  MODE: tl.constexpr, DOT_FP32: tl.constexpr, WORD_DECODE: tl.constexpr):
+                 STRIDE_PACKED: tl.constexpr, STRIDE_SCALES: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 MODE: tl.constexpr, DOT_FP32: tl.constexpr, WORD_DECODE: tl.constexpr):
     if MODE == "dot_t_words":
         b_w = _words_tile_weights(p_packed, p_scales, k0, STRIDE_PACKED, STRIDE_SCALES, BLOCK_N,
                                   BLOCK_K, WORD_DECODE)
@@ -281,9 +204,6 @@ def tile_product(b_a_even, b_a_odd, b_a, p_packed, p_scales, k0, acc,
             acc = tl.dot(b_w, tl.trans(b_a.to(tl.float32)), acc, input_precision="ieee")
         else:
             acc = tl.dot(b_w.to(b_a.dtype), tl.trans(b_a), acc)   # exact for BF16
-    elif MODE == "fma_words":
-        acc = _word_tile_product(b_a, p_packed, p_scales, k0, acc, STRIDE_PACKED,
-                                 STRIDE_SCALES, BLOCK_M, BLOCK_N, BLOCK_K)
     else:
         acc = _byte_tile_product(b_a_even, b_a_odd, b_a, p_packed, p_scales, k0, acc,
                                  STRIDE_PACKED, STRIDE_SCALES, BLOCK_N, BLOCK_K, MODE, DOT_FP32)
@@ -295,21 +215,14 @@ def load_activations(p_rows, m_m, k0, BLOCK_K: tl.constexpr, MODE: tl.constexpr)
     """Rows p_rows [BLOCK_M] (pointers to row starts) at inputs k0..k0+BLOCK_K, as (even, odd,
     tile): for "fma" even / odd inputs as fp32 [BLOCK_M, G, 16] (tile = even); else the plain
     [BLOCK_M, BLOCK_K] tile (even = odd = tile)."""
-    if MODE == "fma" or MODE == "fma_f32":
+    o_k = tl.multiple_of(k0, BLOCK_K) + tl.arange(0, BLOCK_K)
+    b_tile = tl.load(p_rows[:, None] + o_k[None, :], mask=m_m[:, None], other=0.0)
+    if MODE == "fma":
         # One contiguous (vectorised) load, split into even / odd inputs in registers: two
         # stride-2 loads compiled to one 2-byte load per activation.
-        o_k = tl.multiple_of(k0, BLOCK_K) + tl.arange(0, BLOCK_K)
-        b_tile = tl.load(p_rows[:, None] + o_k[None, :], mask=m_m[:, None], other=0.0)
         b_pairs = tl.reshape(b_tile.to(tl.float32), (b_tile.shape[0], BLOCK_K // 32, 16, 2))
         b_even, b_odd = tl.split(b_pairs)
-        if MODE == "fma_f32":
-            b_even = b_even * ACTIVATION_SCALE
-            b_odd = b_odd * ACTIVATION_SCALE
     else:
-        o_k = tl.multiple_of(k0, BLOCK_K) + tl.arange(0, BLOCK_K)
-        b_tile = tl.load(p_rows[:, None] + o_k[None, :], mask=m_m[:, None], other=0.0)
-        if MODE == "fma_words":
-            b_tile = b_tile.to(tl.float32) * ACTIVATION_SCALE
         b_even = b_tile
         b_odd = b_tile
     return b_even, b_odd, b_tile
@@ -317,8 +230,8 @@ def load_activations(p_rows, m_m, k0, BLOCK_K: tl.constexpr, MODE: tl.constexpr)
 
 @triton.jit
 def tile_accumulator(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr):
-    if MODE == "dot_t" or MODE == "dot_t_words":
-        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    else:
+    if MODE == "fma":
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     return acc

@@ -1,49 +1,44 @@
-"""Grouped MoE GEMMs (large batches) with the GEMVs' word decode: the two kernels of
-``moe_grouped_gemm.py`` with the weights as the tensor-core product's first operand, decoded
-8 nibbles per int32 word straight into its registers (moe_gemv_tiles "dot_t_words"), and the
-sorted (token, slot) pairs of ``moe_routing.sort_pairs_by_expert`` as its N side.
+"""Grouped MoE GEMMs with the GEMVs' word decode, the NVIDIA BF16 implementation of
+``moe_experts_mxfp4`` for large groups (ops/moe.py's "large_groups": 128-pair blocks): the two
+kernels of ``moe_grouped_gemm.py`` with the weights as the tensor-core product's first operand,
+decoded 8 nibbles per int32 word straight into its registers (moe_gemv_tiles "dot_t_words"),
+and the sorted (token, slot) pairs of ``moe_routing.sort_pairs_by_expert`` as its N side.
 
-Why: at 4096 tokens the byte-decode grouped GEMMs (``moe_grouped_gemm.py``) decode every
-weight once per 128-pair block with ~10 ops per weight and store it to shared memory as the
-B operand: 18.3 ms, 34% of the BF16 matrix rate (H200, session 4), the decode about as long
-as the MMA per tile. The word decode is ~2.6 ops per weight (21 per word of 8) and needs no
-shared-memory round trip of the weights; what stays is the activations' tile in shared memory
-(the B operand), as in the GEMVs' gathered rows.
+Why: the byte-decode grouped GEMMs decode every weight once per 128-pair block with ~10 ops per
+weight and store it to shared memory as the B operand, the decode about as long as the MMA per
+tile. The word decode is ~2.6 ops per weight (21 per word of 8, inline PTX with BF16x2
+multiplies) and needs no shared-memory round trip of the weights; what stays is the
+activations' tile in shared memory (the B operand), as in the GEMVs' gathered rows.
 
 A program owns BLOCK_M sorted pairs of one expert (grid axis 0: the expert blocks) and
-BLOCK_N weight rows (axis 1); the row loops are the GEMV kernels' (moe_gemv_kernels
-``gate_up_rows`` / ``down_product`` / ``add_rows``) with the pairs' tokens as the rows:
+BLOCK_N weight rows (axis 1):
 1. ``moe_gate_up_words_kernel``: h rows (in the blocks' pair order) = SiTU-GLU of the gate and
    up products, rounded to z's dtype, columns in word order (the down kernel's K order).
 2. ``moe_down_words_kernel``: h W2_e^T times the pair's routing weight, fp32 atomics into u.
 z arrives in word order (``moe_gemv.to_words_order``), so BLOCK_K divides Dl and F.
 
-SCALES_AHEAD (``scales_ahead``, the grouped launcher's default): with 128-input K tiles a
-row has 4 scale bytes per step, 2 per thread at 8 warps: too small for cp.async, so Triton
-leaves that load in the loop as a plain LDG.U16 ~40 instructions before its first use, and
-every K step waits on it (the 13.6 / 12.7 ms at 4096 tokens against a predicted 8.5).
-With it the K loops (``_gate_up_scales_ahead`` / ``_down_scales_ahead``) load the
-next step's bytes at the top of each step and carry them in registers (the last step reloads
-its own tile: in bounds, unused). Triton 3.6, sm_90, 128 x 128 x 128 on 8 warps: gate/up
-255 registers, 0 stack (as before), loop 513 SASS instructions (500); the two LDGs are
-first waited on ~220 and ~450 instructions later (before: ~37 and ~76); down 188 registers
-(186), 0 stack, the LDG waited on at the loop's end (before: 15 instructions later).
-The decode is moe_gemv_tiles' (``load_words_tile`` + ``decode_words_tile``, the two halves
-of ``_words_tile_weights``), with the scale bytes loaded a step earlier: the same values.
-H200 (4096 tokens, proxy shapes, eager): 11.80 ms = 50% of the BF16 rate with the scales
-ahead (the default), 12.97 ms without (torch._grouped_mm on BF16 weights: 7.63 ms).
+Scales a step ahead: with 128-input K tiles a row has 4 scale bytes per step, 2 per thread at 8
+warps: too small for cp.async, so Triton would leave that load in the loop as a plain LDG a few
+dozen instructions before its first use, and every K step would wait on it. So the K loops
+(``_gate_up_scales_ahead`` / ``_down_scales_ahead``) load the next step's bytes at the top of
+each step and carry them in registers (the last step reloads its own tile: in bounds, unused).
+The decode is moe_gemv_tiles' (``load_words_tile`` + ``decode_words_tile``, the two halves of
+``_words_tile_weights``), with the scale bytes loaded a step earlier: the same values.
 """
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime import driver
 
 from atomk31.triton_kernels.moe_gemv import pick_word_decode, to_words_order
-from atomk31.triton_kernels.moe_gemv_kernels import (add_rows, down_product, gate_up_rows,
-                                                     store_gate_up)
+from atomk31.triton_kernels.moe_gemv_kernels import add_rows, store_gate_up
 from atomk31.triton_kernels.moe_gemv_tiles import (decode_words_tile, load_words_tile,
                                                    tile_accumulator, undo_one_factor)
-from atomk31.triton_kernels.moe_routing import ExpertBlocks
+from atomk31.triton_kernels.moe_grouped_gemm import (GroupedConfig, check_kernel_operands,
+                                                     grouped_tiles)
+from atomk31.triton_kernels.moe_routing import sort_pairs_by_expert
+from atomk31.triton_kernels.runtime import runs_on_interpreter
 
 WORDS_MODE = tl.constexpr("dot_t_words")
 WORD_INPUTS = tl.constexpr(8)                       # E2M1 nibbles per int32 word
@@ -162,7 +157,6 @@ def moe_gate_up_words_kernel(
     E: tl.constexpr, F: tl.constexpr, DL: tl.constexpr, TOP_K: tl.constexpr,
     HAS_LINEAR_CAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr, WORD_DECODE: tl.constexpr,
-    SCALES_AHEAD: tl.constexpr,
 ):
     i_b, i_n = tl.program_id(0), tl.program_id(1)
     expert = tl.load(block_expert_ptr + i_b)
@@ -170,14 +164,9 @@ def moe_gate_up_words_kernel(
         return
     pairs, m_m = _block_pairs(pair_ids_ptr, i_b, num_pairs, BLOCK_M)
     h_row0 = (i_b * BLOCK_M).to(tl.int64)
-    if SCALES_AHEAD:
-        _gate_up_scales_ahead(z_ptr, stride_z, pairs // TOP_K, m_m, h_row0, expert, i_n,
-                              words_ptr, scales_ptr, h_ptr, beta, linear_beta, F, DL,
-                              HAS_LINEAR_CAP, BLOCK_M, BLOCK_N, BLOCK_K, DOT_FP32, WORD_DECODE)
-    else:
-        gate_up_rows(z_ptr, stride_z, pairs // TOP_K, m_m, h_row0, expert, i_n, words_ptr,
-                     scales_ptr, h_ptr, beta, linear_beta, F, DL, HAS_LINEAR_CAP, BLOCK_M,
-                     BLOCK_N, BLOCK_K, WORD_INPUTS, WORDS_MODE, DOT_FP32, 0, WORD_DECODE)
+    _gate_up_scales_ahead(z_ptr, stride_z, pairs // TOP_K, m_m, h_row0, expert, i_n, words_ptr,
+                          scales_ptr, h_ptr, beta, linear_beta, F, DL, HAS_LINEAR_CAP, BLOCK_M,
+                          BLOCK_N, BLOCK_K, DOT_FP32, WORD_DECODE)
 
 
 @triton.jit
@@ -190,64 +179,64 @@ def moe_down_words_kernel(
     # meta-parameters
     E: tl.constexpr, F: tl.constexpr, DL: tl.constexpr, TOP_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_FP32: tl.constexpr, WORD_DECODE: tl.constexpr, SCALES_AHEAD: tl.constexpr,
+    DOT_FP32: tl.constexpr, WORD_DECODE: tl.constexpr,
 ):
     i_b, i_n = tl.program_id(0), tl.program_id(1)
     expert = tl.load(block_expert_ptr + i_b)
     if expert >= E:
         return
     _pairs, m_m = _block_pairs(pair_ids_ptr, i_b, num_pairs, BLOCK_M)
-    if SCALES_AHEAD:
-        b_acc = _down_scales_ahead(h_ptr, (i_b * BLOCK_M).to(tl.int64), m_m, expert, i_n,
-                                   words_ptr, scales_ptr, F, DL, BLOCK_M, BLOCK_N, BLOCK_K,
-                                   DOT_FP32, WORD_DECODE)
-    else:
-        b_acc = down_product(h_ptr, (i_b * BLOCK_M).to(tl.int64), m_m, expert, i_n, words_ptr,
-                             scales_ptr, F, DL, BLOCK_M, BLOCK_N, BLOCK_K, WORD_INPUTS,
-                             WORDS_MODE, DOT_FP32, 0, WORD_DECODE)
+    b_acc = _down_scales_ahead(h_ptr, (i_b * BLOCK_M).to(tl.int64), m_m, expert, i_n,
+                               words_ptr, scales_ptr, F, DL, BLOCK_M, BLOCK_N, BLOCK_K,
+                               DOT_FP32, WORD_DECODE)
     # The pairs again after the K loop: nothing of them stays live through it.
     pairs, m_m = _block_pairs(pair_ids_ptr, i_b, num_pairs, BLOCK_M)
     b_weight = tl.load(topk_weights_ptr + pairs, mask=m_m, other=0.0)
     add_rows(u_ptr, pairs // TOP_K, m_m, b_weight, b_acc, i_n, DL, BLOCK_N)
 
 
-def moe_experts_mxfp4_grouped_words(
-    z: torch.Tensor, topk_weights: torch.Tensor, blocks: ExpertBlocks,
+def moe_experts_mxfp4_grouped_words_triton(
+    z: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
     w13_packed: torch.Tensor, w13_scales: torch.Tensor, w2_packed: torch.Tensor,
-    w2_scales: torch.Tensor, beta: float, linear_beta: float | None, u: torch.Tensor,
-    block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int,
-    backend: str | None, on_interpreter: bool, one_factor_exact: bool,
-    scales_ahead: bool = False,
+    w2_scales: torch.Tensor, beta: float, linear_beta: float | None,
+    one_factor_exact: bool = False, config: GroupedConfig | None = None,
 ) -> torch.Tensor:
-    """Adds the routed experts of the pairs in `blocks` (built with block_m) into u fp32
-    [T, Dl]; shapes checked by moe_grouped_gemm's launcher. block_n (weight rows per program,
-    the product's M: 64 per 4 warps) and block_k must divide Dl and F. scales_ahead: each
-    K step's scale bytes loaded in the step before (see the module docstring)."""
+    """``moe_experts_mxfp4`` (contract and argument check: ops/moe.py) -> u fp32 [T, Dl].
+    ``config``: the tiles (None: ``grouped_tiles``); block_n (weight rows per program, the
+    product's M: 64 per 4 warps) and block_k must divide Dl and F."""
+    check_kernel_operands(w13_packed, w13_scales, w2_packed, w2_scales)
     num_experts, two_f, half_latent = w13_packed.shape
     latent_size, intermediate_size = 2 * half_latent, two_f // 2
-    num_pairs = topk_weights.numel()
+    num_tokens, top_k = topk_ids.shape
+    u = torch.zeros((num_tokens, latent_size), dtype=torch.float32, device=z.device)
+    if topk_ids.numel() == 0:
+        return u
+    config = config or grouped_tiles(topk_ids.numel(), num_experts, words=True)
     for size in (latent_size, intermediate_size):
-        if size % block_n or size % block_k:
+        if size % config.block_n or size % config.block_k:
             raise ValueError(f"moe_experts_mxfp4 (grouped words): Dl={latent_size} and "
-                             f"F={intermediate_size} must be multiples of block_n={block_n} "
-                             f"and block_k={block_k}")
-    hidden = torch.empty((blocks.num_blocks_max * block_m, intermediate_size), dtype=z.dtype,
-                         device=z.device)
-    meta = dict(E=num_experts, F=intermediate_size, DL=latent_size, TOP_K=topk_weights.shape[1],
-                BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                             f"F={intermediate_size} must be multiples of block_n="
+                             f"{config.block_n} and block_k={config.block_k}")
+    blocks = sort_pairs_by_expert(topk_ids, num_experts, config.block_m)
+    on_interpreter = runs_on_interpreter(moe_gate_up_words_kernel)
+    backend = None if on_interpreter else driver.active.get_current_target().backend
+    hidden = torch.empty((blocks.num_blocks_max * config.block_m, intermediate_size),
+                         dtype=z.dtype, device=z.device)
+    meta = dict(E=num_experts, F=intermediate_size, DL=latent_size, TOP_K=top_k,
+                BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                 # fp32 activations: exact fp32 products (no TF32), as on the interpreter.
                 DOT_FP32=on_interpreter or z.dtype == torch.float32,
-                WORD_DECODE=pick_word_decode("dot_t_words", z.dtype, backend, one_factor_exact),
-                SCALES_AHEAD=scales_ahead,
-                num_warps=num_warps, num_stages=num_stages)
-    z_words = to_words_order(z, block_k)
-    moe_gate_up_words_kernel[(blocks.num_blocks_max, intermediate_size // block_n)](
+                WORD_DECODE=pick_word_decode(z.dtype, backend, one_factor_exact),
+                num_warps=config.num_warps, num_stages=config.num_stages)
+    z_words = to_words_order(z, config.block_k)
+    moe_gate_up_words_kernel[(blocks.num_blocks_max, intermediate_size // config.block_n)](
         z_words, blocks.pair_ids, blocks.block_expert, w13_packed.view(torch.int32), w13_scales,
-        hidden, num_pairs, z_words.stride(0), beta, 1.0 if linear_beta is None else linear_beta,
-        HAS_LINEAR_CAP=linear_beta is not None, **meta,
+        hidden, topk_ids.numel(), z_words.stride(0), beta,
+        1.0 if linear_beta is None else linear_beta, HAS_LINEAR_CAP=linear_beta is not None,
+        **meta,
     )
-    moe_down_words_kernel[(blocks.num_blocks_max, latent_size // block_n)](
+    moe_down_words_kernel[(blocks.num_blocks_max, latent_size // config.block_n)](
         hidden, blocks.pair_ids, blocks.block_expert, w2_packed.view(torch.int32), w2_scales,
-        topk_weights.float().contiguous(), u, num_pairs, **meta,
+        topk_weights.float().contiguous(), u, topk_ids.numel(), **meta,
     )
     return u

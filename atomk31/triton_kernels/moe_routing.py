@@ -1,14 +1,16 @@
 """Latent-MoE routing in Triton, and the sort of (token, slot) pairs by expert that the grouped
 GEMMs read (MODEL_SPEC §4.7).
 
-``moe_route``: contract of ``atomk31/ops/moe.py``. The router logits are fp32 (§8 #13):
-up to FUSED_ROUTER_MAX_TOKENS tokens the kernel computes them itself (one launch: the few
-microseconds of reading the router weight beat three launches of cast, cuBLAS GEMM and
-kernel); above, one cuBLAS GEMM (``x.float() @ router_weight.float().T``). On NVIDIA up to
-SPLIT_ROUTER_MAX_TOKENS tokens (``split_router``): ``moe_router_logits_kernel`` spreads the
-logits over E / 4 programs per token, then the same top-k kernel reads them (two launches,
-but the router weight is read by many SMs at once). ``moe_route_kernel`` then
-does, per token: sigmoid, + correction bias (selection only), top-k by repeated
+``moe_route``: contract of ``atomk31/ops/moe.py``. The router logits are fp32 (§8 #13), formed
+one of three ways (``RouteConfig.logits``; the default by token count):
+* "split" (NVIDIA, up to SPLIT_ROUTER_MAX_TOKENS tokens): ``moe_router_logits_kernel`` spreads
+  the logits over E / 4 programs per token, then the top-k kernel reads them: two launches, but
+  the router weight is read by many SMs at once instead of by one program per token;
+* "fused" (up to FUSED_ROUTER_MAX_TOKENS tokens): the top-k kernel computes them itself (one
+  launch: reading the router weight beats three launches of cast, cuBLAS GEMM and kernel);
+* "gemm" (above): one cuBLAS GEMM (``x.float() @ router_weight.float().T``).
+AMD keeps "fused" at few tokens (the split router was measured on NVIDIA only; figures:
+benchmarks/NOTES.md, "MoE routing"). ``moe_route_kernel`` then does, per token: sigmoid, + correction bias (selection only), top-k by repeated
 arg-max (ties -> lower expert id), weights from the unbiased scores, renormalisation
 (``/ (sum + 1e-20)``) and the routed scaling factor.
 
@@ -97,12 +99,26 @@ def moe_router_logits_kernel(x_ptr, router_ptr, logits_ptr, stride_x, E: tl.cons
     tl.store(logits_ptr + i_t * E + o_e, b_logits, mask=o_e < E)
 
 
-# split_router: experts per program of moe_router_logits_kernel (64 experts: 16 programs).
+# "split": experts per program of moe_router_logits_kernel (64 experts: 16 programs).
 SPLIT_ROUTER_EXPERTS = 4
-# Up to this many tokens on NVIDIA the split router replaces the fused one. H200, session 4,
-# proxy MoE step (routing + experts, CUDA graph): 1 token 0.132 vs 0.142 ms, 4 tokens 0.322 vs
-# 0.334, 16 tokens 0.438 vs 0.445; the same expert ids. AMD keeps the fused router (unmeasured).
+# Up to this many tokens on NVIDIA the split router replaces the fused one.
 SPLIT_ROUTER_MAX_TOKENS = 16
+ROUTER_LOGITS = ("split", "fused", "gemm")
+
+
+@dataclass(frozen=True)
+class RouteConfig:
+    """How the router logits are formed: one of ROUTER_LOGITS (module docstring); None: the
+    default for the call's token count."""
+
+    logits: str | None = None
+
+
+def default_router_logits(num_tokens: int, device: torch.device) -> str:
+    if num_tokens <= SPLIT_ROUTER_MAX_TOKENS and device.type == "cuda" and \
+            torch.version.hip is None:
+        return "split"
+    return "fused" if num_tokens <= FUSED_ROUTER_MAX_TOKENS else "gemm"
 
 
 def moe_route_triton(
@@ -112,51 +128,36 @@ def moe_route_triton(
     top_k: int,
     renormalize: bool,
     scaling_factor: float,
-    fuse_router: bool | None = None,
-    split_router: bool | None = None,
+    config: RouteConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [T, D]; router_weight: [E, D]; correction_bias: [E]
-    -> (topk_weights fp32 [T, k], topk_ids int32 [T, k]), ids in descending biased score.
-
-    fuse_router: logits computed in the kernel (None: up to FUSED_ROUTER_MAX_TOKENS tokens).
-    split_router (overrides fuse_router; None: on NVIDIA GPUs up to SPLIT_ROUTER_MAX_TOKENS
-    tokens): the logits by moe_router_logits_kernel, SPLIT_ROUTER_EXPERTS experts per program,
-    then the top-k kernel: two launches, but the 0.9 MB router weight is read by E / 4 SMs per
-    token instead of one (the fused kernel's single program per token took 26 us at 1 token
-    on the H200)."""
+    -> (topk_weights fp32 [T, k], topk_ids int32 [T, k]), ids in descending biased score
+    (contract and argument check: ops/moe.py). ``config``: how the logits are formed."""
     num_experts = router_weight.shape[0]
-    if x.dim() != 2 or router_weight.shape != (num_experts, x.shape[1]):
-        raise ValueError(f"moe_route: expected x [T, D] and router_weight [E, D], got "
-                         f"{tuple(x.shape)} and {tuple(router_weight.shape)}")
-    if correction_bias.shape != (num_experts,):
-        raise ValueError(f"moe_route: correction_bias must be [E] = [{num_experts}], "
-                         f"got {tuple(correction_bias.shape)}")
-    if not 1 <= top_k <= num_experts:
-        raise ValueError(f"moe_route: top_k must be in 1..{num_experts} (E), got {top_k}")
     num_tokens, hidden_size = x.shape
-    fused = num_tokens <= FUSED_ROUTER_MAX_TOKENS if fuse_router is None else fuse_router
-    if split_router is None:
-        split_router = (fuse_router is None and num_tokens <= SPLIT_ROUTER_MAX_TOKENS
-                        and x.device.type == "cuda" and torch.version.hip is None)
+    logits_by = (config.logits if config is not None else None) or \
+        default_router_logits(num_tokens, x.device)
+    if logits_by not in ROUTER_LOGITS:
+        raise ValueError(f"moe_route: RouteConfig.logits must be one of {ROUTER_LOGITS}, got "
+                         f"{logits_by!r}")
     weights = torch.empty((num_tokens, top_k), dtype=torch.float32, device=x.device)
     ids = torch.empty((num_tokens, top_k), dtype=torch.int32, device=x.device)
     if not num_tokens:
         return weights, ids
     block_e = triton.next_power_of_2(num_experts)
-    if split_router:
-        fused = False
-        x = x if x.stride(-1) == 1 else x.contiguous()
-        logits = torch.empty((num_tokens, num_experts), dtype=torch.float32, device=x.device)
-        moe_router_logits_kernel[(num_tokens, triton.cdiv(num_experts, SPLIT_ROUTER_EXPERTS))](
-            x, router_weight.contiguous(), logits, x.stride(0), E=num_experts, D=hidden_size,
-            BLOCK_E=SPLIT_ROUTER_EXPERTS, BLOCK_D=min(triton.next_power_of_2(hidden_size), 1024),
-            num_warps=4)
-    elif fused:
+    if logits_by == "gemm":
+        logits = (x.float() @ router_weight.float().T).contiguous()       # fp32 (§8 #13)
+    else:
         x = x if x.stride(-1) == 1 else x.contiguous()
         router_weight = router_weight.contiguous()
-        logits = weights                                   # not read
-    else:
-        logits = (x.float() @ router_weight.float().T).contiguous()       # fp32 (§8 #13)
+        logits = weights                                   # not read when fused
+    if logits_by == "split":
+        logits = torch.empty((num_tokens, num_experts), dtype=torch.float32, device=x.device)
+        moe_router_logits_kernel[(num_tokens, triton.cdiv(num_experts, SPLIT_ROUTER_EXPERTS))](
+            x, router_weight, logits, x.stride(0), E=num_experts, D=hidden_size,
+            BLOCK_E=SPLIT_ROUTER_EXPERTS, BLOCK_D=min(triton.next_power_of_2(hidden_size), 1024),
+            num_warps=4)
+    fused = logits_by == "fused"
     moe_route_kernel[(num_tokens,)](
         logits, x, router_weight, correction_bias.float().contiguous(), weights, ids,
         scaling_factor, x.stride(0),

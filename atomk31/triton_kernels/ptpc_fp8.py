@@ -1,5 +1,7 @@
 """PTPC-FP8 linear in Triton: per-token dynamic activation quantization and the scaled GEMM
-(MODEL_SPEC §6.5).
+(MODEL_SPEC §6.5), the ``triton`` target's implementation of ``ptpc_linear``,
+``ptpc_linear_quantized`` and ``ptpc_quantize`` (contracts: atomk31/ops/linear.py, which
+checks the arguments before any call).
 
 * ``ptpc_quantize_triton(x [M, K]) -> (x_q fp8 [M, K], s_x fp32 [M])``:
   ``s_x = max(amax |x[m]|, 1e-12) / fmax``, ``x_q = fp8(clamp(x / s_x, -fmax, fmax))``.
@@ -7,37 +9,24 @@
   -> y [M, N] = (x_q @ w_q^T) * s_x[:, None] * s_w[None, :]``, fp32 accumulation, one
   rounding to the output dtype.
 
-The GEMM reads the weight in its ``[N, K]`` layout (a K-major B operand, what the FP8 tensor
-cores want). Small M is bound by reading the weight once, so the launcher splits K across
-programs until the grid covers the GPU (SPLIT_K > 1 adds scaled fp32 partials atomically and
-casts once at the end); large M uses big tiles with a grouped program order for L2 reuse.
-On Hopper the FP8 wgmma keeps only ~14 bits of its running sum, so the kernel promotes the
-partial sum into an fp32 accumulator every ``promote_every`` K elements (as DeepGEMM does).
-Under the interpreter the FP8 operands are widened to fp32 before the product.
-
-Configs with ``tma=True`` run the TMA kernel instead (ptpc_fp8_tma.py, for Hopper: paired K
-tiles or warp specialization, to overlap the promotion with the tensor cores); the tile choice
-lives in ptpc_fp8_config.py.
-
-Configs with ``kernel="gluon_hopper"`` run the Gluon kernel of gluon_kernels/ptpc_fp8_hopper.py
-(sm_90 only: a TMA producer warp and one consumer warpgroup per 64 rows that promotes each
-wgmma partial while the next one runs, the schedule Triton 3.6 cannot express). Gluon ships
-inside the triton wheel, so it stays this (the ``triton``) backend's implementation (a decision:
-no new backend name for one kernel); it does not run under the interpreter, and AMD keeps the
-Triton kernels (wgmma, TMA and setmaxnreg are Hopper instructions).
+The GEMM is a pointer kernel that reads the weight in its ``[N, K]`` layout (a K-major B
+operand, what the FP8 tensor cores want). Small M is bound by reading the weight once, so the
+tile table splits K across programs until the grid covers the GPU (SPLIT_K > 1 adds scaled
+fp32 partials atomically and casts once at the end); large M uses big tiles with a grouped
+program order for L2 reuse (ptpc_fp8_config.py). On Hopper the FP8 wgmma keeps only ~14 bits
+of its running sum, so the kernel promotes the partial sum into an fp32 accumulator every
+``promote_every`` K elements (as DeepGEMM and cuBLASLt do). Under the interpreter the FP8
+operands are widened to fp32 before the product.
 """
-
-import dataclasses
 
 import torch
 import triton
 import triton.language as tl
 
 from atomk31.triton_kernels.ptpc_fp8_config import (  # noqa: F401 (the config API, re-exported)
-    INTERPRETER_CONFIG, GemmConfig, GemmTarget, HopperGemmRule, current_target,
-    pick_config_for_target, split_k_to_fill,
+    INTERPRETER_CONFIG, GemmConfig, GemmTarget, current_target, pick_config_for_target,
+    split_k_to_fill,
 )
-from atomk31.triton_kernels.ptpc_fp8_tma import can_use_tma, launch_ptpc_gemm_tma, store_scaled
 from atomk31.triton_kernels.runtime import runs_on_interpreter
 
 # §6.5: the dynamic per-token activation scale floors amax at 1e-12.
@@ -84,8 +73,39 @@ def ptpc_quantize_kernel(
     tl.store(scale_ptr + i_m, b_scale)
 
 
-# M is not specialized: Triton would compile M == 1 apart, as a constant; on the H200 that
-# specialization ran 2-36% slower at M == 1 (round 1 of benchmarks/kernels/bench_ptpc_fp8.py).
+@triton.jit
+def grouped_tile(i_tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 GROUP_M: tl.constexpr):
+    """(row tile, column tile) of program ``i_tile`` in grouped order: GROUP_M row tiles share
+    each column tile while it sits in L2."""
+    num_m, num_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    group = i_tile // (GROUP_M * num_n)
+    first_m = group * GROUP_M
+    group_size = tl.minimum(num_m - first_m, GROUP_M)
+    i_m = first_m + (i_tile % (GROUP_M * num_n)) % group_size
+    i_n = (i_tile % (GROUP_M * num_n)) // group_size
+    return i_m, i_n
+
+
+@triton.jit
+def store_scaled(b_acc, a_scale_ptr, b_scale_ptr, c_ptr, M, N, stride_c, o_m, o_n,
+                 SPLIT_K: tl.constexpr):
+    """c[o_m, o_n] = b_acc * a_scale * b_scale: one rounding to c's dtype, or fp32 atomics
+    when K is split."""
+    m_m, m_n = o_m < M, o_n < N
+    b_a_scale = tl.load(a_scale_ptr + o_m, mask=m_m, other=0.0)
+    b_b_scale = tl.load(b_scale_ptr + o_n, mask=m_n, other=0.0)
+    b_c = b_acc * b_a_scale[:, None] * b_b_scale[None, :]
+    p_c = c_ptr + o_m.to(tl.int64)[:, None] * stride_c + o_n[None, :]
+    m_c = m_m[:, None] & m_n[None, :]
+    if SPLIT_K == 1:
+        tl.store(p_c, b_c.to(c_ptr.dtype.element_ty), mask=m_c)
+    else:
+        tl.atomic_add(p_c, b_c, mask=m_c, sem="relaxed")
+
+
+# M is not specialized: one compile for every token count (Triton would compile M == 1 apart,
+# as a constant, and that specialization ran slower on the H200: benchmarks/NOTES.md).
 @triton.jit(do_not_specialize=["M"])
 def ptpc_gemm_kernel(
     # pointers: a [M, K] fp8, b [N, K] fp8, scales [M] / [N] fp32, c [M, N]
@@ -95,17 +115,10 @@ def ptpc_gemm_kernel(
     # meta-parameters
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, DOT_FP32: tl.constexpr,
-    DOT_BF16: tl.constexpr = False, PROMOTE_EVERY: tl.constexpr = None,
-    PROMOTE_PER_TILE: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
+    PROMOTE_EVERY: tl.constexpr = None,
 ):
-    i_tile, i_split = tl.program_id(0), tl.program_id(1)
-    # Grouped order: GROUP_M row tiles share each column tile while it sits in L2.
-    num_m, num_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    group = i_tile // (GROUP_M * num_n)
-    first_m = group * GROUP_M
-    group_size = tl.minimum(num_m - first_m, GROUP_M)
-    i_m = first_m + (i_tile % (GROUP_M * num_n)) % group_size
-    i_n = (i_tile % (GROUP_M * num_n)) // group_size
+    i_m, i_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    i_split = tl.program_id(1)
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_m, m_n = o_m < M, o_n < N
@@ -113,31 +126,20 @@ def ptpc_gemm_kernel(
     k_begin = i_split * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, K)
     b_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in tl.range(k_begin, k_end, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
+    for k0 in range(k_begin, k_end, BLOCK_K):
         o_k = k0 + tl.arange(0, BLOCK_K)
         m_k = o_k < k_end
         b_a = tl.load(a_ptr + o_m.to(tl.int64)[:, None] * stride_a + o_k[None, :],
                       mask=m_m[:, None] & m_k[None, :], other=0.0)
         b_b = tl.load(b_ptr + o_n.to(tl.int64)[:, None] * stride_b + o_k[None, :],
                       mask=m_n[:, None] & m_k[None, :], other=0.0)
-        if PROMOTE_PER_TILE:
-            # promotion every BLOCK_K written as an fp32 add of each tile's own product (a
-            # fresh wgmma sum per tile): another schedule than max_num_imprecise_acc's lowering
-            if DOT_FP32:
-                b_acc += tl.dot(b_a.to(tl.float32), tl.trans(b_b.to(tl.float32)),
-                                input_precision="ieee")
-            else:
-                b_acc += tl.dot(b_a, tl.trans(b_b))
-        elif DOT_FP32:
+        if DOT_FP32:
             b_acc = tl.dot(b_a.to(tl.float32), tl.trans(b_b.to(tl.float32)), b_acc,
                            input_precision="ieee")
-        elif DOT_BF16:
-            # FP8 values are exact in bf16, and bf16 tensor-core products accumulate in fp32
-            b_acc = tl.dot(b_a.to(tl.bfloat16), tl.trans(b_b.to(tl.bfloat16)), b_acc)
         else:
             # Hopper's FP8 wgmma keeps ~14 bits of its running sum: PROMOTE_EVERY K elements
-            # Triton adds the wgmma partial into the fp32 accumulator (None: never, the
-            # default on sm_90). Other targets ignore it.
+            # Triton adds the wgmma partial into the fp32 accumulator (None: never). Other
+            # targets ignore it.
             b_acc = tl.dot(b_a, tl.trans(b_b), b_acc, max_num_imprecise_acc=PROMOTE_EVERY)
     store_scaled(b_acc, a_scale_ptr, b_scale_ptr, c_ptr, M, N, stride_c, o_m, o_n, SPLIT_K)
 
@@ -151,69 +153,12 @@ def min_normal_exponent(fp8_dtype: torch.dtype) -> int:
     raise ValueError(f"expected torch.float8_e4m3fn or torch.float8_e4m3fnuz, got {fp8_dtype}")
 
 
-KERNELS = ("triton", "gluon_hopper")
-GLUON_HOPPER_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-def gluon_hopper_fits(a: torch.Tensor, w_q: torch.Tensor, out_dtype: torch.dtype) -> bool:
-    """Whether the Gluon Hopper kernel takes these operands: e4m3fn, TMA-aligned rows of a, w_q
-    and of a fresh [M, N] output (N * its element size a multiple of 16 bytes)."""
-    n = w_q.shape[0]
-    return a.dtype == w_q.dtype == torch.float8_e4m3fn and can_use_tma(a, w_q) and \
-        out_dtype in GLUON_HOPPER_OUT_DTYPES and \
-        (n * torch.empty((), dtype=out_dtype).element_size()) % 16 == 0
-
-
-def gluon_stages_that_fit(config: GemmConfig, out_dtype: torch.dtype) -> GemmConfig:
-    """``config`` with its ring cut to the stages Hopper's shared memory holds beside the
-    output tile of ``out_dtype`` (the 6-stage 128 x 128 config holds a bf16 tile, 5 stages a
-    float32 one)."""
-    from gluon_kernels.ptpc_fp8_hopper import MAX_SHARED_BYTES, shared_bytes  # imports Gluon
-
-    size = torch.empty((), dtype=out_dtype).element_size()
-    stages = config.num_stages
-    while stages > 2 and shared_bytes(config.block_m, config.block_n, stages,
-                                      size) > MAX_SHARED_BYTES:
-        stages -= 1
-    return config if stages == config.num_stages else \
-        dataclasses.replace(config, num_stages=stages)
-
-
-def launch_ptpc_gemm_gluon_hopper(a: torch.Tensor, w_q: torch.Tensor, a_scale: torch.Tensor,
-                                  w_scale: torch.Tensor, c: torch.Tensor, config: GemmConfig,
-                                  on_interpreter: bool) -> None:
-    """c <- the scaled GEMM through gluon_kernels/ptpc_fp8_hopper.py (config.kernel
-    "gluon_hopper"): block_m, block_n (its TILES), num_stages, group_m, persistent and
-    overlap_epilogue apply."""
-    if on_interpreter:
-        raise ValueError("ptpc_linear: the Gluon Hopper kernel does not run under Triton's "
-                         "interpreter (it needs an sm_90 GPU), got kernel='gluon_hopper'")
-    if config.split_k != 1 or config.block_k != 128:
-        raise ValueError(f"ptpc_linear: the Gluon Hopper kernel takes 128 K per tile and no "
-                         f"split K, got block_k {config.block_k} with split_k {config.split_k}")
-    from gluon_kernels.ptpc_fp8_hopper import ptpc_gemm_hopper     # imports Gluon: on use
-
-    ptpc_gemm_hopper(a, w_q, a_scale, w_scale, c, block_m=config.block_m,
-                     block_n=config.block_n, num_stages=config.num_stages,
-                     group_m=config.group_m, persistent=config.persistent,
-                     overlap_epilogue=config.overlap_epilogue)
-
-
-# Programs of a persistent TMA config under the interpreter (on a GPU: one per SM): a few, so
-# that each walks several tiles.
-INTERPRETER_PERSISTENT_PROGRAMS = 3
-
-
-def pick_config(m: int, n: int, k: int, hopper: HopperGemmRule | None = None) -> GemmConfig:
-    """The launcher's tile choice: ``pick_config_for_target`` for the current target (one
-    small config under the interpreter). Portable (the pointer kernel) unless ``hopper`` asks
-    for the sm_90 rules (the TMA and Gluon kernels, for eager or graph-replayed launches)."""
+def pick_config(m: int, n: int, k: int) -> GemmConfig:
+    """The launcher's tiles: ``pick_config_for_target`` for the current target, one small
+    config under the interpreter."""
     if runs_on_interpreter(ptpc_gemm_kernel):
         return INTERPRETER_CONFIG
-    target = current_target()
-    if hopper is None:
-        return pick_config_for_target(m, n, k, dataclasses.replace(target, has_tma_ws=False))
-    return pick_config_for_target(m, n, k, target, hopper.replayed)
+    return pick_config_for_target(m, n, k, current_target())
 
 
 def ptpc_quantize_triton(
@@ -245,17 +190,10 @@ def ptpc_linear_quantized_triton(
     w_q: torch.Tensor,
     w_scale: torch.Tensor,
     out_dtype: torch.dtype = torch.bfloat16,
-    config: GemmConfig | HopperGemmRule | None = None,
+    config: GemmConfig | None = None,
 ) -> torch.Tensor:
     """x_q: [..., K] fp8; x_scale: fp32 [...]; w_q: [N, K] fp8; w_scale: fp32 [N]
-    -> [..., N] in out_dtype. ``config``: a GemmConfig overrides the tile choice (tests,
-    benchmarks); a HopperGemmRule picks tiles by the sm_90 rules (the ``hopper`` target's
-    implementation); None: the portable pointer kernel's tiles."""
-    if w_q.dim() != 2 or x_q.shape[-1] != w_q.shape[1] or w_scale.shape != (w_q.shape[0],) \
-            or x_scale.shape != x_q.shape[:-1]:
-        raise ValueError(f"ptpc_linear: expected x_q [..., K], x_scale [...], w_q [N, K] and "
-                         f"w_scale [N], got {tuple(x_q.shape)}, {tuple(x_scale.shape)}, "
-                         f"{tuple(w_q.shape)} and {tuple(w_scale.shape)}")
+    -> [..., N] in out_dtype. ``config``: the tiles (None: ``pick_config``)."""
     n, k = w_q.shape
     a = x_q.reshape(-1, k)
     m = a.shape[0]
@@ -263,43 +201,22 @@ def ptpc_linear_quantized_triton(
         a = a.contiguous()
     if w_q.stride(-1) != 1:
         w_q = w_q.contiguous()
-    if config is None or isinstance(config, HopperGemmRule):
-        config = pick_config(m, n, k, config)
-        if (config.tma and not can_use_tma(a, w_q)) or (config.kernel == "gluon_hopper" and
-                                                        not gluon_hopper_fits(a, w_q, out_dtype)):
-            # unaligned rows (or e4m3fnuz for Gluon): the pointer kernel
-            config = pick_config_for_target(m, n, k, dataclasses.replace(current_target(),
-                                                                         has_tma_ws=False))
-        elif config.kernel == "gluon_hopper":
-            config = gluon_stages_that_fit(config, out_dtype)
-    if config.kernel not in KERNELS:
-        raise ValueError(f"ptpc_linear: config.kernel must be one of {KERNELS}, got "
-                         f"{config.kernel!r}")
+    config = config or pick_config(m, n, k)
     split = config.split_k > 1
     c = torch.zeros((m, n), dtype=torch.float32, device=a.device) if split else \
         torch.empty((m, n), dtype=out_dtype, device=a.device)
     on_interpreter = runs_on_interpreter(ptpc_gemm_kernel)
-    a_scale = x_scale.reshape(-1).float().contiguous()
-    w_scale = w_scale.float().contiguous()
-    if config.kernel == "gluon_hopper":
-        launch_ptpc_gemm_gluon_hopper(a, w_q, a_scale, w_scale, c, config, on_interpreter)
-    elif m and n and config.tma:
-        # persistent grids: one program per SM (a few under the interpreter, to walk tiles)
-        num_programs = current_target().num_sms if config.persistent and not on_interpreter \
-            else INTERPRETER_PERSISTENT_PROGRAMS
-        launch_ptpc_gemm_tma(a, w_q, a_scale, w_scale, c, config, on_interpreter, num_programs)
-    elif m and n:
-        promote_every = None if on_interpreter or config.promote_per_tile or \
-            config.promote_every is None else min(config.promote_every, config.block_k)
+    if m and n:
+        promote_every = None if on_interpreter or config.promote_every is None else \
+            min(config.promote_every, config.block_k)
         grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), config.split_k)
         ptpc_gemm_kernel[grid](
-            a, w_q, a_scale, w_scale, c, m, n, k, a.stride(0), w_q.stride(0), c.stride(0),
+            a, w_q, x_scale.reshape(-1).float().contiguous(), w_scale.float().contiguous(), c,
+            m, n, k, a.stride(0), w_q.stride(0), c.stride(0),
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
             GROUP_M=config.group_m, SPLIT_K=config.split_k, DOT_FP32=on_interpreter,
-            DOT_BF16=config.dot_bf16 and not on_interpreter, PROMOTE_EVERY=promote_every,
-            PROMOTE_PER_TILE=config.promote_per_tile,
-            WARP_SPECIALIZE=config.warp_specialize and not on_interpreter,
-            num_warps=config.num_warps, num_stages=config.num_stages,
+            PROMOTE_EVERY=promote_every, num_warps=config.num_warps,
+            num_stages=config.num_stages,
         )
     if split:
         c = c.to(out_dtype)
@@ -307,8 +224,7 @@ def ptpc_linear_quantized_triton(
 
 
 def ptpc_linear_triton(
-    x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-    config: GemmConfig | HopperGemmRule | None = None,
+    x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, config: GemmConfig | None = None,
 ) -> torch.Tensor:
     """x: [..., K] -> [..., N] in x.dtype: per-token quantization, then the scaled GEMM
     (``config`` as in ``ptpc_linear_quantized_triton``)."""

@@ -1,5 +1,7 @@
 """What a launcher needs to know about where its kernel runs."""
 
+import functools
+
 import torch
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
@@ -23,3 +25,19 @@ def dot_precision(kernel: object, dtype: torch.dtype) -> str:
         return "ieee"
     target = driver.active.get_current_target()
     return "tf32" if target.backend == "cuda" or target.arch == "gfx942" else "ieee"
+
+
+def num_sms(device: torch.device) -> int:
+    """Multiprocessors (CUs) of a CUDA / ROCm device; 1 off a GPU (interpreter, compile checks:
+    their launches are sized as for a one-multiprocessor GPU)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 1
+    return _num_sms_of_cuda_device(device.index if device.index is not None
+                                   else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms_of_cuda_device(index: int) -> int:
+    """Cached: launchers run every decode step, and eager launches are CPU-bound."""
+    return torch.cuda.get_device_properties(index).multi_processor_count

@@ -12,40 +12,14 @@ fills >= need groups) and for scores that rise or fall with the position.
      over its chunk in registers (no reductions, no atomics) and writes it out;
   1b. topk_threshold_kernel: one program per row merges the per-chunk maxima and finds T0
      once (a many-way search: few dependent block reductions, see kth_largest_key).
-Stage 2, the candidates >= T0: topk_staged_collect.py (the default) or topk_warp_collect.py.
+Stage 2, the candidates >= T0: topk_staged_collect.py.
 """
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # Below the key of every score (-inf is -2139095041): marks "no position".
 KEY_NONE = tl.constexpr(-2147483648)
-
-
-@triton.jit
-def wait_for_previous_launch(PDL: tl.constexpr, LET_NEXT_LAUNCH: tl.constexpr = True):
-    """Programmatic dependent launch (NVIDIA sm_90+, the launch with launch_pdl=True): the
-    program may start while the previous kernel still runs; here it blocks until that
-    kernel has finished and its writes are visible (transitively the ones before it: each
-    kernel of the chain waits), then (LET_NEXT_LAUNCH) lets the next kernel's programs
-    launch (they wait the same way). The kernel boundary's launch latency hides under the
-    previous kernel's tail instead of adding to it. PDL False: nothing (AMD, the
-    interpreter, plain launches). A kernel followed by the collect lets it launch only at its
-    end (let_next_launch): launched early, the collect's one-warp programs crowd onto the
-    multiprocessors the running kernel leaves free, up to 32 blocks each (H200 round 1 with
-    every trigger at the start: the collect 15.4 -> 21.4 us at 64 x 128K, 76 -> 100 at 1M)."""
-    if PDL:
-        gdc_wait()
-        if LET_NEXT_LAUNCH:
-            gdc_launch_dependents()
-
-
-@triton.jit
-def let_next_launch(PDL: tl.constexpr):
-    """The end-of-kernel trigger of wait_for_previous_launch (PDL False: nothing)."""
-    if PDL:
-        gdc_launch_dependents()
 
 
 @triton.jit
@@ -54,6 +28,13 @@ def orderable_key(x):
     x = tl.where(x == 0, 0.0, x)
     bits = x.to(tl.int32, bitcast=True)
     return bits ^ ((bits >> 31) & 2147483647)
+
+
+@triton.jit
+def score_of_key(key):
+    """The fp32 score whose orderable key is `key` (the inverse of orderable_key)."""
+    bits = key ^ ((key >> 31) & 2147483647)
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -78,16 +59,14 @@ def kth_largest_key(b_key, need, low, top, WAYS: tl.constexpr, BINS: tl.constexp
 
     A WAYS-way search: each round splits the interval into WAYS bins of 2^shift keys, counts
     the keys per bin with one histogram and keeps the bin that holds the answer, so a range
-    of 2^n keys takes n / log2(WAYS) rounds (a bisection's 32 dependent block reductions were
-    the cost of round 1's stage 2), and no [keys, WAYS] comparison is held in registers.
+    of 2^n keys takes n / log2(WAYS) rounds (a bisection would take 32 dependent block
+    reductions), and no [keys, WAYS] comparison is held in registers.
     A round is one masked histogram (keys below `low` left out: bin j's edge is low + j
     2^shift, so WAYS edges need only WAYS bins), one reverse cumulative sum (keys >= each
     edge) and ONE reduction that finds the last edge `need` keys reach together with its
     count (packed count * BINS + (BINS - 1 - j): the smallest count >= need, the highest
-    edge among equal ones). Session 5's round (a bin for the keys below, a sum, a forward
-    cumsum and three reductions, the per-key arithmetic in int64) took 17 block barriers and
-    ~640 instructions in sm_90 SASS under triton 3.6, against 8 and ~420; on the H200 at 64 x
-    128K that was 52.9 us against 46.1 for the whole top-k (session 6, round 2).
+    edge among equal ones), the per-key arithmetic in 32 bits: each block reduction is a
+    barrier, and the search is latency-bound on them.
     """
     # Invariant: count(b_key >= low) >= need > count(b_key >= high), and count_low >=
     # count(b_key >= low) (a bound until the first round). int64 bounds: the interval can
@@ -123,7 +102,7 @@ def topk_group_max_kernel(
     # sizes and strides
     k, chunk_size, num_chunks, stride_scores_row, num_words, words_per_row,
     # meta-parameters
-    NUM_GROUPS: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False,
+    NUM_GROUPS: tl.constexpr, STAGES: tl.constexpr,
     # One program per row (num_chunks = 1): stage 2's threshold here, no partial maxima.
     THRESHOLD: tl.constexpr = False, WAYS: tl.constexpr = 64, BINS: tl.constexpr = 64,
     SLACK: tl.constexpr = -1,
@@ -176,8 +155,6 @@ def topk_group_max_kernel(
     else:
         o_partial = (i_row.to(tl.int64) * num_chunks + i_chunk) * NUM_GROUPS
         tl.store(partial_max_ptr + o_partial + o_g, key)
-    # The first kernel (launched plainly): the next one may launch once every program is here.
-    let_next_launch(PDL)
 
 
 @triton.jit
@@ -203,15 +180,14 @@ def topk_threshold_kernel(
     k, num_chunks,
     # meta-parameters
     NUM_GROUPS: tl.constexpr, WAYS: tl.constexpr, BINS: tl.constexpr, PARTS: tl.constexpr,
-    SLACK: tl.constexpr, PDL: tl.constexpr = False,
+    SLACK: tl.constexpr,
 ):
     """threshold[row] = T0, the need-th largest group maximum of the row (and threshold[Nq +
     row] = the row's largest key, for the finish's search), or with SLACK >= 0
     any key that between need and need + SLACK group maxima reach (fewer search rounds, at
     most SLACK more maxima among the candidates; -1: exact). PARTS > 1 loads
-    that many chunks' maxima per iteration (one load in flight per chunk was round 2's cost:
-    num_chunks dependent round trips); PARTS = 1 is round 2's loop."""
-    wait_for_previous_launch(PDL, LET_NEXT_LAUNCH=False)  # the collect follows
+    that many chunks' maxima per iteration (with one load in flight per chunk the kernel
+    waits num_chunks dependent round trips); PARTS = 1 loads one chunk at a time."""
     i_row = tl.program_id(0)
     length = tl.load(lengths_ptr + i_row).to(tl.int32)
     o_g = tl.arange(0, NUM_GROUPS)
@@ -229,7 +205,6 @@ def topk_threshold_kernel(
             b_max = tl.maximum(b_max, tl.max(b_part, 0))
     store_threshold(b_max, k, length, threshold_ptr, i_row, tl.num_programs(0), WAYS, BINS,
                     SLACK)
-    let_next_launch(PDL)
 
 
 def histogram_bins(ways: int) -> int:

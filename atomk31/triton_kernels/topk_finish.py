@@ -14,8 +14,7 @@ outside the buffer is below T0, so the row's answer is the best `need` of its ca
      need-th largest key T by a many-way search; keys > T all in, keys == T the lowest
      positions), then the selected positions written in ascending order through a bitmap
      and a prefix sum of its words' popcounts: no sort (the output's order is positions, see
-     `atomk31.ops.topk`). Round 3's finish sorted 2048 (key, position) pairs per row
-     (~42 us of 91.5 at 64 x 128K on the H200).
+     `atomk31.ops.topk`).
 """
 
 import triton
@@ -26,7 +25,6 @@ from atomk31.triton_kernels.topk_collect import (
     kth_largest_key,
     load_tile,
     orderable_key,
-    wait_for_previous_launch,
 )
 
 
@@ -131,12 +129,11 @@ def topk_overflow_kernel(
     # sizes and strides
     k, stride_scores_row,
     # meta-parameters
-    CAPACITY: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
+    CAPACITY: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """A row with more candidates than the buffer holds: its need best into the buffer, and
     counter[row] = need. (Its own launch, ~1.2 us in a CUDA graph; the finish can do it
     instead with RESCAN, except on AMD, where it then spills SGPRs on gfx942 / gfx950.)"""
-    wait_for_previous_launch(PDL)
     i_row = tl.program_id(0)
     if tl.load(counter_ptr + i_row) > CAPACITY:
         length = tl.load(lengths_ptr + i_row).to(tl.int32)
@@ -162,14 +159,12 @@ def topk_finish_kernel(
     K_PAD: tl.constexpr,  # k rounded up to a power of two
     SCAN_BLOCK: tl.constexpr,  # bitmap words per step of the prefix sum
     WAYS: tl.constexpr, BINS: tl.constexpr, WRITE_SLOTS: tl.constexpr,
-    PDL: tl.constexpr = False,  # launched with launch_pdl: see wait_for_previous_launch
 ):
     """One program per row: the row's `need` best candidates written in ascending position
     order (or as their cache slots), then -1 up to k. No sort: the selected positions are
     marked in the row's bitmap (one bit per position, zeroed by stage 1), the words' popcounts
     prefix-summed, and each selected candidate's output index is the number of selected
     positions before it: prefix[p >> 5] + popcount(word & ((1 << (p & 31)) - 1))."""
-    wait_for_previous_launch(PDL)
     i_row = tl.program_id(0)
     length = tl.load(lengths_ptr + i_row).to(tl.int32)
     need = tl.minimum(k, length)
@@ -183,8 +178,7 @@ def topk_finish_kernel(
         o_c = tl.arange(0, CAPACITY)
         # The whole buffer, unmasked: in flight together with the counter's load (the
         # entries past the count are masked out below), the positions too (128 registers,
-        # no spill on sm_90: H200 round 2, 46.8 -> 46.1 us at 128K, 189.0 -> 184.7 at 1M
-        # against loading them after the search).
+        # no spill on sm_90; faster than loading them after the search).
         bits = tl.load(p_bits + o_c)
         position = tl.load(p_pos + o_c)
         num_candidates = tl.load(counter_ptr + i_row)  # <= CAPACITY after the overflow stage

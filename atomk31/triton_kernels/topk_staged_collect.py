@@ -1,24 +1,24 @@
-"""Top-k stage 2 without an atomic round trip per tile: candidates staged per program.
+"""Top-k stage 2, the streaming filter: the scores >= T0 into the row's candidate buffer,
+staged per program so that no tile waits on an atomic round trip.
 
-topk_warp_collect_kernel reserves room in the row's buffer with one atomic add per tile that
-holds a candidate, and its stores wait on the add's result: a round trip to L2 (~1 us) per
-tile. With 16 one-warp programs per multiprocessor that caps the collect near 16 tiles of 256
-scores per microsecond per multiprocessor, ~2 TB/s over 132 of them: what the H200 measured
-at 64 x 1M (round 3: 144 us for 268 MB), and ~1 TB/s at 128K, where every tile holds one.
-
-topk_staged_collect_kernel appends each tile's candidates to its own program's staging
-slice instead (offsets known within the warp: no atomic, nothing to wait for), and moves the
-slice to the row's buffer with one atomic add when it could overflow, and at the end. For
-scores in random order a program's chunk holds ~90 candidates at 128K and at 1M (1.4 k over
-~33 programs per row): one atomic add per program. Same buffers and counter as the warp
-collect, so the finish is unchanged; the order of candidates in the buffer is any.
+Reserving room in the row's buffer with one atomic add per tile that holds a candidate makes
+each tile's stores wait on the add's result: a round trip to L2 (~1 us) per tile, which caps
+the collect near 16 tiles of 256 scores per microsecond per multiprocessor. Instead,
+topk_staged_collect_kernel's one-warp programs (16 per multiprocessor, each streaming its
+chunk in tiles whose loads Triton's pipeliner keeps STAGES tiles ahead) append each tile's
+candidates to their own staging slice (offsets known within the warp: no atomic, nothing to
+wait for), and move the slice to the row's buffer with one atomic add when it could
+overflow, and at the end. For scores in random order a program's chunk holds ~90 candidates
+(1.4 k over ~33 programs per row): one atomic add per program. The compare is on the fp32
+scores against T0 as a float (x >= T0 <=> key(x) >= key(T0), -0.0 equal to +0.0 either way),
+so no key is computed per score, and the raw score bits are stored (the finish turns the few
+candidates into keys); the order of candidates in the buffer is any.
 """
 
 import triton
 import triton.language as tl
 
-from atomk31.triton_kernels.topk_collect import wait_for_previous_launch
-from atomk31.triton_kernels.topk_warp_collect import score_of_key
+from atomk31.triton_kernels.topk_collect import score_of_key
 
 
 @triton.jit
@@ -115,12 +115,11 @@ def topk_staged_collect_kernel(
     WARP_SYNC: tl.constexpr,  # NVIDIA with one warp per program: see sync_warp
     RANK_ASM: tl.constexpr = "",  # NVIDIA, one warp: ballot_rank_asm(BLOCK // 32); "": cumsum
     RANK_CONSTRAINTS: tl.constexpr = "",
-    PDL: tl.constexpr = False,  # launched with launch_pdl: see wait_for_previous_launch
 ):
-    """topk_warp_collect_kernel's result (same buffers, counter[row] ends as the row's number
-    of candidates, only the first `candidate_capacity` stored): the scores >= T0 of the chunk
-    (chunk_size a multiple of BLOCK), through the program's staging slice."""
-    wait_for_previous_launch(PDL)
+    """The scores >= T0 of the chunk (chunk_size a multiple of BLOCK) appended, through the
+    program's staging slice, to the row's candidate buffer (positions and score bits):
+    counter[row] ends as the row's number of candidates, only the first
+    `candidate_capacity` stored."""
     i_row = tl.program_id(0)
     i_chunk = tl.program_id(1)
     length = tl.load(lengths_ptr + i_row).to(tl.int32)

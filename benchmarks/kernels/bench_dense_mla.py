@@ -1,8 +1,10 @@
 """Dense MLA decode over the paged FP8 latent cache: 16 requests, H = 96, 16K and 128K.
 
-Kernels: the launcher's default (on Hopper the warp-specialized Gluon kernel in its dense
-mode, gluon_kernels/dense_mla_hopper.py), the Gluon kernel at fixed key splits, the Triton
-kernel's default tiles (`triton_default`) and, unless --no-triton-tiles, its tile variants.
+Kernels: the Hopper Gluon kernel (the warp-specialized sparse kernel in its dense mode,
+gluon_kernels/hopper/dense_mla.py: what the `hopper` target runs) at its default and fixed key
+splits, the Triton kernel's default tiles (`triton_default`: what the `triton` target runs),
+"default" (what the engine's graph steps run on this GPU, from its kernel table) and, unless
+--no-triton-tiles, the Triton kernel's tile variants.
 
 Figures: bytes per second (each request's latent rows read once, 576 B per token) against
 the copy bandwidth measured in the same run, and FLOP/s (2 * H * (576 + 512) per row and
@@ -22,14 +24,9 @@ Floors on an H200 (~750 TFLOP/s, ~4.25 TB/s), 16 requests: 16K 1 row 54.8 GFLOP 
 151 MB = 36 us; 128K 1 row 438 GFLOP = 0.58 ms, 1.21 GB = 0.28 ms; 4 rows 4x the FLOP
 (0.29 ms and 2.3 ms), the same bytes.
 
-Every call passes the host-side hints the engine passes (max_position, rows_per_request):
-the launcher no longer reads the device, which round 1's timings included (a sync per call).
-Round 1 (fraction of the GEMM rate): 1 row g1_bh64_bn128_w8_s1 12.3% (16K) / 16.1% (128K),
-now the default; 4 rows g4_bh16_bn64_w8_s2 18.7% / 21.2% (the default). Predictions for
-round 2: defaults as round 1 or slightly better (no sync); vs2 on one warpgroup (w4) 15-20%
-at 1 row; g4_bh32_vs2 (4 rows x 32 heads = 128 vectors, no padding, each warpgroup its own
-64 vectors over half the values) ~ g4_bh16 (the same products per warpgroup, the keys read
-twice instead of six times); sp8 at 1 row (two waves) about equal to the default.
+Every call passes the host-side hints the engine passes (max_position, rows_per_request),
+so the launchers read nothing from the device. The rounds that chose the defaults:
+benchmarks/NOTES.md.
 
 Usage: python -m benchmarks.kernels.bench_dense_mla [--out DIR] [--contexts 16384 131072]
 """
@@ -44,7 +41,10 @@ import torch.nn.functional as F
 
 from atomk31.ops.dense_mla import dense_mla_torch
 from atomk31.triton_kernels.dense_mla import dense_mla_triton
+from atomk31.triton_kernels.mla_tiles import MLATileConfig
+from gluon_kernels.hopper.dense_mla import dense_mla_hopper
 from benchmarks.common import (
+    engine_kernels,
     measure_copy_bandwidth,
     measure_matmul_rate,
     time_graph_ms,
@@ -61,8 +61,8 @@ CONTEXTS = [16384, 131072]
 ROWS_PER_REQUEST = [1, 4]
 # (rows per request passed as the hint (1: none), heads, keys per step, warps, stages, splits
 # or None, scores via memory, value splits) per rows/request; None: the launcher's choice.
-# The first of each list is round 1's best; "vs2": two programs per query block, each owning
-# half of the value columns (see bench_sparse_mla.py).
+# The first of each list is the fastest measured; "vs2": two programs per query block, each
+# owning half of the value columns (see bench_sparse_mla.py).
 CONFIGS = {
     1: [(1, 64, 128, 8, 1, None, False, 1), (1, 64, 128, 8, 1, 8, False, 1),
         (1, 64, 64, 4, 1, None, False, 2), (1, 64, 128, 4, 1, None, False, 2),
@@ -73,8 +73,8 @@ CONFIGS = {
         (1, 64, 128, 8, 1, None, False, 1)],
 }
 
-# Round 3: round 2's winners with the next tile's key rows read ahead (p1) and FP16 products
-# over the FP8 latent (f16), see mla_kernel.py; launcher knobs by name.
+# Tile configs with the next tile's key rows read ahead (p1) and FP16 products over the FP8
+# latent (f16), see mla_kernel.py; by name.
 KNOB_VARIANTS = {
     1: {"g1_bh128_bn64_s1_vs2_p1_f16": {"block_h": 128, "block_n": 64, "num_warps": 8,
                                          "num_stages": 1, "value_splits": 2, "prefetch": 1,
@@ -142,26 +142,26 @@ def bench_case(context: int, rows_per_request: int, latent: torch.Tensor, copy_b
               "flops": flops}
     hints = {"max_position": context - 1}
     variants = {} if not triton_tiles else {variant_name(c): (
-        lambda c=c: dense_mla_triton(*args, **hints, rows_per_request=c[0], block_h=c[1],
-                                     block_n=c[2], num_warps=c[3], num_stages=c[4],
-                                     num_splits=c[5], scores_via_memory=c[6],
-                                     value_splits=c[7]))
+        lambda c=c: dense_mla_triton(*args, **hints, rows_per_request=c[0], config=MLATileConfig(
+            block_h=c[1], block_n=c[2], num_warps=c[3], num_stages=c[4], num_splits=c[5],
+            scores_via_memory=c[6], value_splits=c[7])))
         for c in CONFIGS[rows_per_request]}
     if triton_tiles:
         variants.update({name: (lambda kw=kw: dense_mla_triton(
-            *args, **hints, rows_per_request=rows_per_request, **kw))
+            *args, **hints, rows_per_request=rows_per_request, config=MLATileConfig(**kw)))
             for name, kw in KNOB_VARIANTS[rows_per_request].items()})
-    # The Triton kernel's default tiles (the default before the Gluon kernel, and off Hopper).
+    # The Triton kernel's default tiles (the `triton` target's, off Hopper).
     variants["triton_default"] = lambda: dense_mla_triton(
-        *args, **hints, rows_per_request=rows_per_request, kernel="triton")
+        *args, **hints, rows_per_request=rows_per_request)
     for splits in GLUON_SPLITS:
         name = "gluon_ws" + ("" if splits is None else f"_sp{splits}")
-        variants[name] = lambda splits=splits: dense_mla_triton(
-            *args, **hints, rows_per_request=rows_per_request, kernel="gluon_hopper_ws",
-            num_splits=splits)
-    # What the engine passes: the longest position and the rows per request.
-    variants["default"] = lambda: dense_mla_triton(*args, **hints,
-                                                   rows_per_request=rows_per_request)
+        variants[name] = lambda splits=splits: dense_mla_hopper(
+            *args, **hints, rows_per_request=rows_per_request,
+            config=MLATileConfig(num_splits=splits))
+    # What the engine's graph steps run here (its table), with what it passes: the longest
+    # position and the rows per request.
+    engine_dense = engine_kernels(DEVICE).graph.dense_mla
+    variants["default"] = lambda: engine_dense(*args, **hints, rows_per_request=rows_per_request)
     want = None
     if context == min(CONTEXTS):
         variants["torch"] = lambda: dense_mla_torch(*args)

@@ -28,8 +28,8 @@ from benchmarks.common import (
     time_ms,
     write_result,
 )
-from gluon_kernels.indexer_score import indexer_score_gluon
-from gluon_kernels.radix_topk import topk_positions_gluon
+from gluon_kernels.amd.indexer_score import indexer_score_gluon
+from gluon_kernels.amd.radix_topk import topk_positions_gluon
 
 NUM_HEADS = 32
 BLOCK_SIZE = 128
@@ -107,17 +107,20 @@ def indexer_case(name: str, rows: list[tuple[int, int]], lengths: list[int], ind
 
 def prepared_launch(args: tuple) -> Callable[[], None]:
     """A closure that only launches the Gluon indexer kernel on pre-built inputs."""
-    from atomk31.ops.kv_write import quantize_index_keys
-    from gluon_kernels.indexer_score import group_query_rows, launch_indexer_score
-    from gluon_kernels.targets import target_of_device
+    from atomk31.quant.index_keys import quantize_index_keys
+    from gluon_kernels.amd.indexer_score import (
+        group_query_rows, launch_indexer_score, max_row_groups,
+    )
+    from gluon_kernels.targets import active_target
 
     (q, head_weights, values, scales, index_format, fp8_variant, block_table, row_request,
      row_position, block_size) = args
     q_values, q_scales = quantize_index_keys(q, index_format, fp8_variant)
-    group_rows, group_max_position = group_query_rows(row_request, row_position)
+    group_rows, group_max_position = group_query_rows(
+        row_request, row_position, max_row_groups(q.shape[0], block_table.shape[0]))
     scores = torch.empty(q.shape[0], int(row_position.max()) + 1, device=q.device)
     prepared = dict(
-        target=target_of_device(q.device), index_format=index_format,
+        target=active_target(), index_format=index_format,
         q_values=q_values.contiguous().view(torch.uint8), q_scales=q_scales.contiguous(),
         head_weights=head_weights.float().contiguous(), key_values=values.view(torch.uint8),
         key_scales=scales, block_table=block_table, group_rows=group_rows,
@@ -137,7 +140,7 @@ def topk_case(num_rows: int, length: int, k: int) -> dict:
     peers = {"gluon": lambda: topk_positions_gluon(scores, k, lengths),
              "torch": lambda: topk_positions_torch(scores, k, lengths),
              "torch.topk (no tie rule)": lambda: torch.topk(scores, k, dim=1)}
-    triton_topk = optional_peer("atomk31.ops.topk", "topk_positions_triton")
+    triton_topk = optional_peer("atomk31.triton_kernels.topk", "topk_triton")
     if triton_topk is not None:
         peers["triton"] = lambda: triton_topk(scores, k, lengths)
     for peer, fn in peers.items():

@@ -17,11 +17,10 @@ check read ~680 for every variant); `worst` is the largest error over the GPU te
 1e-5 |score| + 1e-5 max |score| (<= 1 passes). The number of query codes on which torch's GPU
 and CPU quantizers differ is printed too.
 
-Gluon (session 7): "gluon fp16" / "gluon fp16_ss" / "gluon fp8_acc32" / "gluon fp8" run the
-Hopper Gluon kernel (gluon_kernels/indexer_score_hopper.py, the launcher's
-kernel="gluon_hopper*"; fp16_ss: the exact products from FP16 keys in shared memory) beside the
-Triton default. For every fp8 variant, `topk` is the mean over rows of the overlap of its top-2048
-positions with the exact scores' (the float64 reference; the torch one at 16K).
+"gluon fp16" runs the Hopper Gluon kernel (gluon_kernels/hopper/indexer_score.py, what graph
+steps run on sm_90) beside the Triton configurations. The FP8 tensor-core variants (Triton's
+fp8 dots, Gluon's fp8 / fp8_acc32 / fp16_ss products) left the package after they were
+measured: their figures are in benchmarks/NOTES.md.
 
 Usage: python -m benchmarks.kernels.bench_indexer_score [--quick] [--out DIR]
            [--variants NAME ...] [--contexts N ...]
@@ -35,9 +34,8 @@ from pathlib import Path
 import torch
 
 from atomk31.ops.indexer_score import indexer_score_torch
-from atomk31.ops.kv_write import dequantize_index_keys, quantize_index_keys
+from atomk31.quant.index_keys import dequantize_index_keys, quantize_index_keys
 from atomk31.triton_kernels.indexer_score import IndexerScoreConfig, indexer_score_triton
-from atomk31.triton_kernels.indexer_score_config import FP8_OPT_IN_CONFIG
 from benchmarks.common import (
     measure_copy_bandwidth,
     measure_matmul_rate,
@@ -55,15 +53,12 @@ CONTEXTS = [16384, 131072, 1048576]
 CPU_REFERENCE_CONTEXT = 16384  # longer contexts: the float64 reference on the GPU
 KEY_BYTES = {"fp8": 132, "mxfp4": 68}
 
-# name -> (key format, config). "default" is the launcher's choice: for FP8 keys fp16 n64 w4
-# s6 pps2 (measured fastest in the 2026-11-29 s3 round 1), for MXFP4 keys bf16 n128 s4.
-# "fp16": e4m3 codes -> fp16 operands, one conversion instruction per two values (exact; the
-# queries' e4m3 codes too). "nN wW sS": BLOCK_N keys a tile, warps, pipeline stages; "ppsN"
-# programs launched per multiprocessor (n64 w4 fits two at a time: pps2 is one wave); "tgN":
-# pages of N tiles read at once (32: picking a tile's page stays in a warp); "full": tiles
-# before every row's position run without masks; "words": round 2's bf16 keys from int32
-# words; "rN": registers capped at N; "epi x2": the epilogue run twice (its cost);
-# "fp8 opt-in": use_fp8_dot's configuration (outside the tolerance).
+# name -> (key format, config). "default" is the launcher's choice (for FP8 keys fp16 n64 w4
+# s6 pps2 tg32, for MXFP4 keys bf16 n128 s4). "fp16": e4m3 codes -> fp16 operands, one
+# conversion instruction per two values (exact; the queries' e4m3 codes too). "nN wW sS":
+# BLOCK_N keys a tile, warps, pipeline stages; "ppsN" programs launched per multiprocessor
+# (n64 w4 fits two at a time: pps2 is one wave); "tgN": pages of N tiles read at once (32:
+# picking a tile's page stays in a warp; 0: one block-table read per tile).
 BF16 = dict(dot="bf16")
 N64_W4 = dict(dot="bf16", block_n=64, num_warps=4, num_stages=6)
 FP16 = dict(dot="fp16", tile_group=32)
@@ -71,12 +66,6 @@ FP16_N64_W4 = dict(dot="fp16", tile_group=32, block_n=64, num_warps=4)
 VARIANTS: dict[str, tuple[str, IndexerScoreConfig | None]] = {
     "default": ("fp8", None),
     "bf16 n128 s4": ("fp8", IndexerScoreConfig(**BF16, num_stages=4)),
-    "bf16 n128 s4 epi x2": ("fp8", IndexerScoreConfig(**BF16, num_stages=4,
-                                                      repeat_epilogue=True)),
-    "bf16 bits n128 s4": ("fp8", IndexerScoreConfig(**BF16, num_stages=4, key_convert="bits")),
-    "bf16 words n128 s4": ("fp8", IndexerScoreConfig(**BF16, num_stages=4,
-                                                     key_convert="words")),
-    "bf16 n128 s4 r128": ("fp8", IndexerScoreConfig(**BF16, num_stages=4, max_registers=128)),
     "bf16 n64 w4 s6": ("fp8", IndexerScoreConfig(**N64_W4)),
     "fp16 n128 s4": ("fp8", IndexerScoreConfig(**FP16, num_stages=4)),
     "fp16 n128 s3": ("fp8", IndexerScoreConfig(**FP16, num_stages=3)),
@@ -84,25 +73,15 @@ VARIANTS: dict[str, tuple[str, IndexerScoreConfig | None]] = {
                                                     num_stages=4)),
     "fp16 n64 w4 s6": ("fp8", IndexerScoreConfig(**FP16_N64_W4, num_stages=6)),
     "fp16 n64 w4 s4": ("fp8", IndexerScoreConfig(**FP16_N64_W4, num_stages=4)),
-    "fp16 n64 w4 s6 pps2": ("fp8", IndexerScoreConfig(**FP16_N64_W4, num_stages=6,
-                                                      programs_per_sm=2)),
     "fp16 n64 w4 s4 pps2": ("fp8", IndexerScoreConfig(**FP16_N64_W4, num_stages=4,
                                                       programs_per_sm=2)),
-    "fp16 n64 w4 s6 pps2 full": ("fp8", IndexerScoreConfig(
-        **FP16_N64_W4, num_stages=6, programs_per_sm=2, unmasked_full_tiles=True)),
-    "fp16 n64 w4 s4 pps2 full": ("fp8", IndexerScoreConfig(
-        **FP16_N64_W4, num_stages=4, programs_per_sm=2, unmasked_full_tiles=True)),
-    "fp8 opt-in": ("fp8", FP8_OPT_IN_CONFIG),
-    "fp8 n128 s4": ("fp8", IndexerScoreConfig(dot="fp8", num_stages=4)),
+    "fp16 n64 w4 s6 pps2 tg0": ("fp8", IndexerScoreConfig(**FP16_N64_W4 | dict(tile_group=0),
+                                                          num_stages=6, programs_per_sm=2)),
     "mxfp4 default": ("mxfp4", None),
 }
-# name -> the launcher's kernel (FP8 keys, the Gluon Hopper kernel's products)
-GLUON_VARIANTS = {"gluon fp16": "gluon_hopper", "gluon fp16_ss": "gluon_hopper_ss",
-                  "gluon fp8_acc32": "gluon_hopper_fp8_acc32", "gluon fp8": "gluon_hopper_fp8"}
+GLUON_VARIANTS = ("gluon fp16",)  # the Hopper Gluon kernel (FP8 keys)
 TOP_K = 2048  # the indexer's selection (§4.6)
-QUICK_VARIANTS = ["default", "bf16 words n128 s4", "fp16 n128 s3", "fp16 n64 w4 s4 pps2",
-                  "fp16 n64 w4 s6 pps2 full", "fp16 n64 w4 s4 pps2 full", "fp8 opt-in",
-                  "mxfp4 default"]
+QUICK_VARIANTS = ["default", "fp16 n128 s3", "fp16 n64 w4 s4 pps2", "mxfp4 default"]
 
 
 def make_index_cache(num_blocks: int, index_format: str, device: str):
@@ -220,8 +199,10 @@ def bench_context(context: int, caches: dict, variants: list[str], copy_bw: floa
     calls = {}
     for name in variants:
         if name in GLUON_VARIANTS:
-            calls[name] = ("fp8", lambda a=inputs["fp8"], k=GLUON_VARIANTS[name]:
-                           indexer_score_triton(*a, num_positions=context, kernel=k))
+            from gluon_kernels.hopper.indexer_score import indexer_score_hopper
+
+            calls[name] = ("fp8", lambda a=inputs["fp8"]:
+                           indexer_score_hopper(*a, num_positions=context))
             continue
         index_format, config = VARIANTS[name]
         args = inputs[index_format]
@@ -237,8 +218,7 @@ def bench_context(context: int, caches: dict, variants: list[str], copy_bw: floa
             if index_format in references:
                 kind, reference = references[index_format]
                 entry["error_vs_" + kind] = error_summary(out, reference)
-                if "fp8" in name and "default" not in name:
-                    entry["topk_overlap"] = top_k_overlap(out, reference, TOP_K)
+                entry["topk_overlap"] = top_k_overlap(out, reference, TOP_K)
             del out
             eager_ms = time_ms(fn)
             ms = time_graph_ms(fn) if name != "torch (peer)" else eager_ms
@@ -306,7 +286,7 @@ def main() -> None:
         "shape": f"{NUM_REQUESTS} requests x {ROWS_PER_REQUEST} rows, H_I {NUM_INDEX_HEADS}, "
                  f"block {BLOCK_SIZE}",
         "variants": {name: repr(VARIANTS[name][1]) if name in VARIANTS else
-                     f"kernel={GLUON_VARIANTS[name]!r}" for name in variants},
+                     "gluon_kernels.hopper.indexer_score" for name in variants},
         "copy_bandwidth_Bps": copy_bw, "bf16_matmul_flops": matmul_rate, "results": results},
         out_dir=args.out)
     print_table(results, copy_bw, matmul_rate)

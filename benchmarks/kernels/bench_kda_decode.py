@@ -34,7 +34,7 @@ def step_bytes(num_requests: int) -> int:
 
 def run(batches: list[int], out_dir: Path | None) -> dict:
     from atomk31.ops.kda import kda_gate_torch
-    from atomk31.triton_kernels.kda_decode import kda_decode_triton
+    from atomk31.triton_kernels.kda_decode import KdaRecurrentConfig, kda_decode_triton
 
     try:
         from fla.ops.kda import fused_recurrent_kda
@@ -55,7 +55,7 @@ def run(batches: list[int], out_dir: Path | None) -> dict:
         for name, block_v in (("atomk31", None), ("atomk31 bv32", 32), ("atomk31 bv64", 64),
                               ("atomk31 bv128", 128)):
             ms = graph_ms(lambda: kda_decode_triton(q, k, v, g, beta, state, scale,
-                                                    block_v=block_v))
+                                                    config=KdaRecurrentConfig(block_v)))
             row[name] = {"us": ms * 1e3, "fraction_of_copy_bw": step_bytes(n) / (ms * 1e-3) / copy_bw}
         if fused_recurrent_kda is not None:
             fla_state = state.clone()

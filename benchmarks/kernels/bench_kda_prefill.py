@@ -52,7 +52,7 @@ def variants() -> dict[str, object]:
     """The launcher's default (None: default_tuning, on CUDA with BF16 the [64, 64]
     accumulators of kda_prefill_scores_wide.py with BF16 score products, a TF32 solve, the
     gated rows written there and w, u folded into stage 2, and the chunk table planned on the
-    GPU); session 4's default (TF32 scores, stage 1b: kda_prefill_gated.py); the default
+    GPU); the former default (TF32 scores, stage 1b: kda_prefill_gated.py); the default
     with TF32 scores; and the default with 16-channel slices and a 168-register cap in stage
     1a (no stack on sm_90: three programs per SM instead of two)."""
     from atomk31.triton_kernels.kda_prefill import default_tuning
@@ -61,9 +61,8 @@ def variants() -> dict[str, object]:
     default = default_tuning(torch.bfloat16)
     return {
         "default (folded bf16 scores)": None,
-        "s4 default (wide tf32, stage 1b)": T(intra_split=True, scores_wide=True,
-                                              compact_scores=True, scores_tf32_solve=True,
-                                              plan_on_device=True),
+        "s4 default (wide tf32, stage 1b)": T(intra_split=True, compact_scores=True,
+                                              scores_tf32_solve=True, plan_on_device=True),
         "default, tf32 scores": replace(default, scores_bf16=False),
         "default, bk16 r168": replace(default, scores_block_k=16, scores_max_registers=168),
     }
@@ -158,7 +157,7 @@ def short_kernel_name(name: str) -> str:
 
 def start_fla_compiles() -> list[tuple[subprocess.Popen, object]] | None:
     """fla's autotuners compile ~80 configurations, more than a minute in one process on the
-    H200's host (round 1); FLA_SHARDS child processes each compile a share of every tuned
+    H200's host; FLA_SHARDS child processes each compile a share of every tuned
     kernel's configurations (one fla call at 8K with the autotuners' lists cut to that
     share), filling Triton's disk cache while this process compiles its own variants. Their
     output goes to temporary files (a full pipe would stall them)."""

@@ -9,10 +9,12 @@ about 1e-3 expected) and timed. Figures: weight bytes of the experts in use (pac
 measured side by side: torch._grouped_mm on the same routing with BF16 weights (4x the weight
 bytes). Routing is timed alone and with the default experts path. Up to 64 tokens every
 variant is timed both as CUDA-graph replays (``ms``, what a captured decode step pays: no
-launch overhead) and eagerly (``eager_ms``); the ratios use the graph figure. Without --quick,
-the opt-in MXFP8 down activations (``fp8_down_activations``, grouped GEMMs) are timed at 16 and
-4096 tokens against the torch op with the same option. Each variant's line is printed as soon
-as it is measured, and the JSON is rewritten after each batch size.
+launch overhead) and eagerly (``eager_ms``); the ratios use the graph figure. ``default`` is
+what the engine runs: ``moe_experts_mxfp4`` of the engine's graph table (replayed) and eager
+table (eager), `engine_kernels`. Without --quick, the MXFP8 down activations
+(variants/moe_fp8_down.py) are timed at 16 and 4096 tokens against their own torch
+definition. Each variant's line is printed as soon as it is measured, and the JSON is
+rewritten after each batch size.
 
 Run: python -m benchmarks.kernels.bench_moe [--out DIR] [--tokens 1 16 4096] [--quick]
 (--quick: ~90 s on an H200, compiles included)
@@ -26,30 +28,40 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import (measure_copy_bandwidth, measure_matmul_rate, time_graph_ms,
-                               time_ms, write_result)
+from benchmarks.common import (engine_kernels, measure_copy_bandwidth, measure_matmul_rate,
+                               time_graph_ms, time_ms, write_result)
 
 NUM_EXPERTS, TOP_K, LATENT, INTERMEDIATE = 64, 16, 3584, 3072
 DEVICE = "cuda"
 TOLERANCE = 1e-2
 
-GEMV = "gemv"        # atomk31/triton_kernels/moe_gemv.py, called directly with these knobs
-GROUPED = "grouped"  # moe_experts_mxfp4_triton(small_batch=False, ...knobs)
-DEFAULT = "default"  # moe_experts_mxfp4_triton as the engine calls it
+GEMV = "gemv"        # moe_gemv.moe_experts_mxfp4_gemv_words_triton with a GemvConfig
+WORDS = "words"      # moe_grouped_words.moe_experts_mxfp4_grouped_words_triton, GroupedConfig
+BYTES = "bytes"      # moe_grouped_gemm.moe_experts_mxfp4_grouped_triton, GroupedConfig
+DEFAULT = "default"  # the engine's tables
+FP8_DOWN = "fp8 down"  # variants/moe_fp8_down.py
 
 
-def gemv(mode: str, block_n: int, block_k: int, num_warps: int = 4, num_stages: int = 3,
-         loop_stages: int = 0, gather_rows: bool | None = None, block_m: int | None = None,
+def gemv(block_n: int, block_k: int, num_warps: int = 4, num_stages: int = 3,
+         gather_rows: bool | None = None, block_m: int | None = None,
          max_registers: int | None = None) -> tuple[str, dict]:
-    knobs = dict(mode=mode, block_n=block_n, block_k=block_k, num_warps=num_warps,
-                 num_stages=num_stages, loop_stages=loop_stages)
-    if gather_rows is not None:
-        knobs["gather_rows"] = gather_rows
-    if gather_rows:
-        knobs["block_m"] = block_m
-    if max_registers is not None:
-        knobs["max_registers"] = max_registers
-    return GEMV, knobs
+    """A config of the word-decode GEMV ("dot_t_words")."""
+    from atomk31.triton_kernels.moe_gemv import GemvConfig
+
+    return GEMV, {"config": GemvConfig(block_n=block_n, block_k=block_k, num_warps=num_warps,
+                                       num_stages=num_stages, gather_rows=gather_rows,
+                                       block_m=block_m, max_registers=max_registers)}
+
+
+def grouped(kind: str, block_m: int | None = None, block_n: int = 128, block_k: int = 128,
+            num_warps: int = 8, num_stages: int = 3) -> tuple[str, dict]:
+    """The word- (WORDS) or byte-decode (BYTES) grouped GEMMs, their own tiles without
+    block_m."""
+    from atomk31.triton_kernels.moe_grouped_gemm import GroupedConfig
+
+    if block_m is None:
+        return kind, {}
+    return kind, {"config": GroupedConfig(block_m, block_n, block_k, num_warps, num_stages)}
 
 
 TWO_FACTORS = {"one_factor_exact": False}
@@ -59,9 +71,9 @@ def variants(num_tokens: int, quick: bool) -> dict[str, tuple[str, dict]]:
     """The designs / configurations timed side by side at this batch size. Every launcher
     gets the weights' one_factor_exact flag (computed once, as the engine's layer does; these
     weights' scale bytes are in range), unless a variant sets it: "default" = the registered
-    op's path as the engine calls it (BF16 on NVIDIA "dot_t_words" 64 x 256 with the
-    one-multiply decode up to 64 tokens: token rows up to 16, gathered rows at 17-64; above,
-    at 128 pairs per block, "grouped words" = the grouped GEMMs with the word decode,
+    engine's tables (BF16 on NVIDIA: the word-decode GEMV, 64 x 256 with the one-multiply
+    decode up to 64 tokens: token rows up to 16, gathered rows at 17-64; above, at 128 pairs
+    per block, "grouped words" = the grouped GEMMs with the word decode,
     moe_grouped_words.py), "default 2f" the same with the two-multiply decode (the decode of
     weights outside the range), "grouped bytes" the byte-decode grouped GEMMs. "words" =
     dot_t_words (weights decoded two per op into tensor-core registers), "gather" = a
@@ -72,48 +84,35 @@ def variants(num_tokens: int, quick: bool) -> dict[str, tuple[str, dict]]:
     if num_tokens <= 64:
         cases["default 2f"] = (DEFAULT, TWO_FACTORS)
     if num_tokens <= 16:
-        # Session 5, round 1: 128 weight rows on 8 warps (two warpgroups sharing one
-        # activation tile) lost at 1 / 4 / 16 tokens (0.121 / 0.282 / 0.421 vs 0.109 / 0.267 /
-        # 0.401 ms): full bench only, with session 4's losers.
+        # 128 weight rows on 8 warps (two warpgroups sharing one activation tile) and the
+        # other measured losers (benchmarks/NOTES.md): full bench only.
         if not quick:
-            cases |= {"words n128 k256 w8": gemv("dot_t_words", 128, 256, num_warps=8),
-                      "words n64 k512 s2": gemv("dot_t_words", 64, 512, num_stages=2),
-                      "words n64 k256 s2 r80": gemv("dot_t_words", 64, 256, num_stages=2,
-                                                    max_registers=80)}
+            cases |= {"words n128 k256 w8": gemv(128, 256, num_warps=8),
+                      "words n64 k512 s2": gemv(64, 512, num_stages=2),
+                      "words n64 k256 s2 r80": gemv(64, 256, num_stages=2, max_registers=80)}
     elif num_tokens <= 64:
         # Default: gathered rows, 32 per chunk, 64 x 256 tiles, 2 stages, 128 registers.
-        # 128 rows on 8 warps: round 1 0.589 vs 0.598 ms (within run-to-run spread): again.
-        cases["gather n128 k256 w8 s2"] = gemv("dot_t_words", 128, 256, num_warps=8,
-                                               num_stages=2, gather_rows=True, block_m=32)
+        # 128 rows on 8 warps: within run-to-run spread of the default (NOTES.md): again.
+        cases["gather n128 k256 w8 s2"] = gemv(128, 256, num_warps=8, num_stages=2,
+                                               gather_rows=True, block_m=32)
         if not quick:
-            cases |= {"token rows n128 k128": gemv("dot_t_words", 128, 128, gather_rows=False),
-                      "gather bm16 k256 s2 r128": gemv("dot_t_words", 64, 256, num_stages=2,
-                                                       gather_rows=True, block_m=16,
-                                                       max_registers=128),
-                      "grouped bm16 n64 k128": (GROUPED, dict(block_m=16, block_n=64,
-                                                              block_k=128))}
+            cases |= {"token rows n128 k128": gemv(128, 128, gather_rows=False),
+                      "gather bm16 k256 s2 r128": gemv(64, 256, num_stages=2, gather_rows=True,
+                                                       block_m=16, max_registers=128),
+                      "grouped bm16 n64 k128": grouped(BYTES, 16, 64, 128, num_warps=4)}
     elif num_tokens >= 4096:
-        # Default (session 5): the word-decode grouped GEMMs, 128 x 128 tiles on 8 warps, each
-        # K step's scale bytes loaded a step early and carried in registers ("scales ahead",
-        # moe_grouped_words.py). "scales in step": the first form, 12.7 ms, whose k128 loop
-        # loads each thread's 2 scale bytes per K step with a plain LDG (too small for
-        # cp.async) ~40 instructions before their use. k256 (the scales through cp.async):
-        # 13.1 ms, full bench only with the byte decode and n64.
-        cases["grouped words scales in step"] = (GROUPED, dict(words=True, scales_ahead=False))
+        # Default: the word-decode grouped GEMMs, 128 x 128 tiles on 8 warps, each K step's
+        # scale bytes loaded a step early and carried in registers (moe_grouped_words.py).
+        # k256 (the scales through cp.async), the byte decode and n64: full bench only.
+        cases["grouped bytes"] = grouped(BYTES)
         if not quick:
-            cases |= {"grouped bytes (s4 default)": (GROUPED, dict(words=False)),
-                      "grouped words n128 k256 s2": (GROUPED, dict(words=True, block_m=128,
-                                                                   block_n=128, block_k=256,
-                                                                   num_warps=8, num_stages=2)),
-                      "grouped words n64 k128 s2": (GROUPED, dict(words=True, block_m=128,
-                                                                  block_n=64, block_k=128,
-                                                                  num_warps=4, num_stages=2))}
+            cases |= {"grouped words n128 k256 s2": grouped(WORDS, 128, 128, 256, 8, 2),
+                      "grouped words n64 k128 s2": grouped(WORDS, 128, 64, 128, 4, 2)}
     return cases
 
 
-FP8_DOWN_VARIANTS = {"fp8 down": dict(fp8_down_activations=True),
-                     "fp8 down dot_scaled": dict(fp8_down_activations=True,
-                                                 use_dot_scaled=True)}
+FP8_DOWN_VARIANTS = {"fp8 down": dict(use_dot_scaled=False),
+                     "fp8 down dot_scaled": dict(use_dot_scaled=True)}
 
 
 def random_mxfp4(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,14 +153,15 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def _timed(step, weight_bytes: int, flops: int, copy_bw: float, matmul_rate: float,
-           peer_ms: float, graph: bool) -> dict:
-    """Eager and (small batches) CUDA-graph milliseconds of `step`; the ratios use the graph
-    figure where there is one (what the engine pays once it captures decode)."""
+           peer_ms: float, graph: bool, graph_step=None) -> dict:
+    """Eager and (small batches) CUDA-graph milliseconds of `step` (the replayed one
+    ``graph_step`` where given); the ratios use the graph figure where there is one (what the
+    engine pays once it captures decode)."""
     eager = time_ms(step)
     replayed = float("nan")
     if graph:
         try:
-            replayed = time_graph_ms(step)
+            replayed = time_graph_ms(graph_step or step)
         except Exception:  # a path with a host sync cannot be captured: eager only
             pass
     ms = eager if replayed != replayed else replayed
@@ -173,9 +173,12 @@ def _timed(step, weight_bytes: int, flops: int, copy_bw: float, matmul_rate: flo
 
 def run(token_counts: list[int], out_dir: Path | None, budget_s: float, quick: bool) -> dict:
     from atomk31.ops.moe import moe_experts_mxfp4_torch, mxfp4_scales_allow_one_factor
-    from atomk31.triton_kernels.moe_gemv import moe_experts_mxfp4_gemv_triton
-    from atomk31.triton_kernels.moe_grouped_gemm import moe_experts_mxfp4_triton
-    from atomk31.triton_kernels.moe_routing import moe_route_triton
+    from atomk31.triton_kernels.moe_gemv import moe_experts_mxfp4_gemv_words_triton
+    from atomk31.triton_kernels.moe_grouped_gemm import moe_experts_mxfp4_grouped_triton
+    from atomk31.triton_kernels.moe_grouped_words import moe_experts_mxfp4_grouped_words_triton
+    from atomk31.triton_kernels.moe_routing import RouteConfig, moe_route_triton
+    from benchmarks.kernels.variants.moe_fp8_down import (moe_experts_mxfp4_fp8_down,
+                                                          moe_experts_mxfp4_fp8_down_torch)
 
     copy_bw, matmul_rate = measure_copy_bandwidth(), measure_matmul_rate()
     w13_packed, w13_scales = random_mxfp4(2 * INTERMEDIATE, LATENT)
@@ -190,14 +193,21 @@ def run(token_counts: list[int], out_dir: Path | None, budget_s: float, quick: b
                           dtype=torch.bfloat16) * 0.02
     router = torch.randn(NUM_EXPERTS, LATENT, device=DEVICE) * 0.05
     bias = torch.zeros(NUM_EXPERTS, device=DEVICE)
+    kernels = engine_kernels(DEVICE)
     launchers = {
-        GEMV: lambda z, w, i, knobs: moe_experts_mxfp4_gemv_triton(
+        GEMV: lambda z, w, i, knobs: moe_experts_mxfp4_gemv_words_triton(
             z, w, i, *weights_mx, 4.0, 25.0, **(flag | knobs)),
-        GROUPED: lambda z, w, i, knobs: moe_experts_mxfp4_triton(
-            z, w, i, *weights_mx, 4.0, 25.0, small_batch=False, **(flag | knobs)),
-        DEFAULT: lambda z, w, i, knobs: moe_experts_mxfp4_triton(z, w, i, *weights_mx, 4.0, 25.0,
-                                                                 **(flag | knobs)),
+        WORDS: lambda z, w, i, knobs: moe_experts_mxfp4_grouped_words_triton(
+            z, w, i, *weights_mx, 4.0, 25.0, **(flag | knobs)),
+        BYTES: lambda z, w, i, knobs: moe_experts_mxfp4_grouped_triton(
+            z, w, i, *weights_mx, 4.0, 25.0, **knobs),
+        DEFAULT: lambda z, w, i, knobs: kernels.eager.moe_experts_mxfp4(
+            z, w, i, *weights_mx, 4.0, 25.0, **(flag | knobs)),
+        FP8_DOWN: lambda z, w, i, knobs: moe_experts_mxfp4_fp8_down(
+            z, w, i, *weights_mx, 4.0, 25.0, **knobs),
     }
+    replayed = {DEFAULT: lambda z, w, i, knobs: kernels.graph.moe_experts_mxfp4(
+        z, w, i, *weights_mx, 4.0, 25.0, **(flag | knobs))}
     rows = []
     deadline = time.monotonic() + budget_s
     print_header()
@@ -226,22 +236,25 @@ def run(token_counts: list[int], out_dir: Path | None, budget_s: float, quick: b
                                                  float("nan"), graph)
             print_variant(row, "peer grouped_mm bf16")
         peer_ms = row.get("peer grouped_mm bf16", {}).get("ms", float("nan"))
-        cases = {name: (launchers[kind], knobs, expected)
+        cases = {name: (kind, knobs, expected)
                  for name, (kind, knobs) in variants(num_tokens, quick).items()}
-        if num_tokens in (16, 4096) and not quick:        # measured in session 3: opt-in
-            expected_fp8 = moe_experts_mxfp4_torch(z, weights, ids, *weights_mx, 4.0, 25.0,
-                                                   fp8_down_activations=True)
-            cases |= {name: (launchers[GROUPED], knobs, expected_fp8)
+        if num_tokens in (16, 4096) and not quick:        # a variant: no default selects it
+            expected_fp8 = moe_experts_mxfp4_fp8_down_torch(z, weights, ids, *weights_mx, 4.0,
+                                                            25.0)
+            cases |= {name: (FP8_DOWN, knobs, expected_fp8)
                       for name, knobs in FP8_DOWN_VARIANTS.items()}
-        for name, (launch, knobs, reference) in cases.items():
+        for name, (kind, knobs, reference) in cases.items():
             if time.monotonic() > deadline:  # compiles are most of the time: stay in budget
                 row[name] = "skipped: over the --budget-s time budget"
                 print_variant(row, name)
                 continue
-            step = lambda: launch(z, weights, ids, knobs)  # noqa: E731
+            step = lambda kind=kind, knobs=knobs: launchers[kind](z, weights, ids, knobs)  # noqa
+            graph_step = (lambda kind=kind, knobs=knobs: replayed[kind](z, weights, ids, knobs)) \
+                if kind in replayed else None
             try:
                 error = relative_error(step(), reference)
-                timing = _timed(step, weight_bytes, flops, copy_bw, matmul_rate, peer_ms, graph)
+                timing = _timed(step, weight_bytes, flops, copy_bw, matmul_rate, peer_ms, graph,
+                                graph_step)
             except Exception as failure:  # a variant that does not compile is reported
                 row[name] = f"failed: {type(failure).__name__}: {str(failure)[:200]}"
                 print_variant(row, name)
@@ -249,21 +262,24 @@ def run(token_counts: list[int], out_dir: Path | None, budget_s: float, quick: b
             row[name] = {**timing, "relative_error": error, "correct": error <= TOLERANCE}
             print_variant(row, name)
 
-        def routed_step(split_router: bool | None):
-            w, i = moe_route_triton(z, router, bias, TOP_K, True, 1.0, split_router=split_router)
-            return moe_experts_mxfp4_triton(z, w, i, *weights_mx, 4.0, 25.0, **flag)
+        def routed_step(logits: str | None, table):
+            w, i = moe_route_triton(z, router, bias, TOP_K, True, 1.0, RouteConfig(logits))
+            return table.moe_experts_mxfp4(z, w, i, *weights_mx, 4.0, 25.0, **flag)
         routed = {"default + routing": None}
-        if not quick and num_tokens <= 64:  # both routers (session 4: split 0.132 vs 0.142 ms)
-            fused_ids = moe_route_triton(z, router, bias, TOP_K, True, 1.0, split_router=False)[1]
-            split_ids = moe_route_triton(z, router, bias, TOP_K, True, 1.0, split_router=True)[1]
+        if not quick and num_tokens <= 64:  # both routers
+            fused_ids = moe_route_triton(z, router, bias, TOP_K, True, 1.0,
+                                         RouteConfig("fused"))[1]
+            split_ids = moe_route_triton(z, router, bias, TOP_K, True, 1.0,
+                                         RouteConfig("split"))[1]
             row["routing_split_ids_match"] = bool(torch.equal(split_ids, fused_ids))
             print(f"{num_tokens:>4} split router ids match the fused router's: "
                   f"{row['routing_split_ids_match']}", flush=True)
-            routed["default + fused routing"] = False
-            routed["default + split routing"] = True
-        for name, split_router in routed.items():
-            row[name] = _timed(lambda split=split_router: routed_step(split), weight_bytes,
-                               flops, copy_bw, matmul_rate, peer_ms, graph)
+            routed["default + fused routing"] = "fused"
+            routed["default + split routing"] = "split"
+        for name, logits in routed.items():
+            row[name] = _timed(lambda lg=logits: routed_step(lg, kernels.eager), weight_bytes,
+                               flops, copy_bw, matmul_rate, peer_ms, graph,
+                               lambda lg=logits: routed_step(lg, kernels.graph))
             print_variant(row, name)
         # Written after every batch size: a run stopped at its time limit keeps its rows.
         write_result("moe_mxfp4", payload(rows, copy_bw, matmul_rate), out_dir)

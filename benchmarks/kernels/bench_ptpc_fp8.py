@@ -2,9 +2,11 @@
 the proxy model's linear shapes; and the time to quantize the proxy's BF16 linears at load.
 
 Both GEMMs take the same FP8 activations (one scale per token) and FP8 weights (one scale per
-output channel) and write BF16. Per case the peer, the launcher's default and a few variants
-(ptpc_variants.py: the Gluon Hopper kernel's tiles and stages; outside --quick the Triton
-kernels' earlier candidates) are checked, then timed, and each row is printed as soon as it is
+output channel) and write BF16. Per case the peer, what the engine runs (``default``: the
+``ptpc_linear_quantized`` op of the engine's eager table, timed eagerly, and of its graph
+table, replayed from a CUDA graph: `engine_kernels`) and a few variants (ptpc_variants.py:
+the pointer kernel's and the Gluon Hopper kernel's tiles and stages, the TMA kernel of
+variants/ptpc_fp8_tma.py) are checked, then timed, and each row is printed as soon as it is
 measured. Checks against fp32 math of the same quantized values (max-abs error over max-abs
 output): the bf16 output ("ok" within BF16_OUTPUT_TOLERANCE), and where asked the fp32 output
 (the accumulation error; "e/bnd" is it over ERROR_FACTOR x torch._scaled_mm's on the same
@@ -31,9 +33,10 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import measure_copy_bandwidth, time_graph_ms, time_ms, write_result
+from benchmarks.common import (engine_kernels, measure_copy_bandwidth, time_graph_ms, time_ms,
+                               write_result)
 from benchmarks.kernels.ptpc_variants import (
-    Variant, launch_overhead, risky_variants_for, variants_for,
+    Variant, launch_overhead, launcher, risky_variants_for, variants_for,
 )
 
 # (N, K) of the proxy's PTPC-eligible linears (MODEL_SPEC §3.2, §6.5).
@@ -47,11 +50,10 @@ SHAPES = {
     "mla kv_b": (24576, 512),
 }
 TOKENS = [1, 16, 128, 256, 1024, 4096]
-# --quick: o_proj and the largest proxy shape at 4096, 1024 and 128 tokens; the other shapes the
-# Gluon rule takes (shared experts, q_b at its smallest: 58 GFLOP) and kv_b (K = 512: left to the
-# Triton kernels); decode (peer and default); then the host time of a launch. About one compile
-# per new kernel config and output dtype (Triton 2-3 s, Gluon ~2 s); session 5's round 1 took
-# 23 s.
+# --quick: o_proj and the largest proxy shape at 4096, 1024 and 128 tokens; the other shapes of
+# the Gluon kernel's classes (shared experts, q_b) and kv_b (K = 512); decode (peer and default);
+# then the host time of a launch. About one compile per new kernel config and output dtype
+# (Triton 2-3 s, Gluon ~2 s).
 QUICK_CASES = [("o_proj", 4096), ("kda qkv (fused)", 4096), ("o_proj", 1024),
                ("kda qkv (fused)", 1024), ("o_proj", 128), ("kda qkv (fused)", 128),
                ("shared down", 128), ("shared gate_up", 128), ("mla q_b", 128),
@@ -102,23 +104,21 @@ def time_both(fn: Callable) -> tuple[float, float]:
             time_ms(fn, warmup=EAGER_WARMUP_MS, rep=EAGER_REP_MS))
 
 
-def config_brief(config: dict) -> str:
-    """128x128x128 w4 s4 +tma+ws+tile...: the fields a row's config differs in."""
-    flags = {"tma": "tma", "warp_specialize": "ws", "promote_per_tile": "tile",
-             "promote_lagged": "lag2", "split_n": "splitN", "persistent": "persist",
-             "dot_bf16": "bf16", "device_descriptors": "dev"}
-    if config.get("kernel", "triton") != "triton":
-        return f"{config['kernel']} {config['block_m']}x{config['block_n']}x" \
-               f"{config['block_k']} s{config['num_stages']}" + \
-               (" persist" if config["persistent"] else "") + \
-               (" overlap" if config.get("overlap_epilogue") else "")
-    text = f"{config['block_m']}x{config['block_n']}x{config['block_k']} " \
+def config_brief(kind: str, config: dict) -> str:
+    """'gluon 128x64 s6', 'pointer 64x128x256 w8 s3 splitK2', 'tma 128x128x128 w8 s3 lag2':
+    the kernel and the fields its config differs in."""
+    if kind == "gluon":
+        return f"gluon 128x{config['block_n']} s{config['num_stages']}" + \
+            (" overlap" if config.get("overlap_epilogue") else "")
+    text = f"{kind} {config['block_m']}x{config['block_n']}x{config['block_k']} " \
            f"w{config['num_warps']} s{config['num_stages']}"
     if config["split_k"] > 1:
         text += f" splitK{config['split_k']}"
-    if config["promote_every"] is None and not config["promote_per_tile"] and \
-            not config["promote_lagged"]:
+    if config["promote_every"] is None and not config.get("promote_per_tile") and \
+            not config.get("promote_lagged"):
         text += " nopromo"
+    flags = {"warp_specialize": "ws", "promote_per_tile": "tile", "promote_lagged": "lag2",
+             "split_n": "splitN", "persistent": "persist", "device_descriptors": "dev"}
     return text + "".join(f" {short}" for key, short in flags.items() if config.get(key))
 
 
@@ -139,7 +139,8 @@ def print_row(name: str, m: int, label: str, result: dict) -> None:
         else f" {'-':>5}"
     ratio = f"{result['ratio_vs_peer']:5.2f} {result['eager_ratio_vs_peer']:5.2f}" \
         if "ratio_vs_peer" in result else f"{'peer':>5} {'':>5}"
-    brief = config_brief(result["config"]) if result.get("config") else ""
+    brief = config_brief(result["kind"], result["config"]) if result.get("config") else \
+        result.get("kernels", "")
     print(f"{shape:>8} {m:>5} {label[:24]:>24} {result['graph_ms']:7.4f} "
           f"{result['eager_ms']:7.4f} {ratio} {result['fraction_of_copy_bw']:4.2f} "
           f"{result['fraction_of_fp8_matmul_rate']:4.2f} {error} "
@@ -157,16 +158,17 @@ def error_verdict(result: dict, peer_error: float) -> None:
 
 
 def run_case(name: str, m: int, w_q, w_scale, limits: dict, variants: list[Variant],
-             deadline: float, with_default: bool = True) -> dict:
-    """Time the peer, then check and time the default (``with_default``) and the variants at
-    one (shape, M) (no new variant after ``deadline``, a time.perf_counter() value)."""
-    from atomk31.triton_kernels.ptpc_fp8 import pick_config, ptpc_quantize_triton
+             deadline: float, kernels, with_default: bool = True) -> dict:
+    """Time the peer, then check and time the engine's tables (``with_default``) and the
+    variants at one (shape, M) (no new variant after ``deadline``, a time.perf_counter()
+    value)."""
+    from atomk31.ops.linear import ptpc_shape
+    from atomk31.triton_kernels.ptpc_fp8 import ptpc_quantize_triton
 
     n, k = w_q.shape
     x_q, x_scale = ptpc_quantize_triton(torch.randn(m, k, device=w_q.device,
                                                     dtype=torch.bfloat16))
     expected = (x_q.float() @ w_q.float().T) * x_scale[:, None] * w_scale[None, :]
-    default = pick_config(m, n, k)
     moved, flops = m * k + n * k + 2 * m * n, 2 * m * n * k
 
     def figures(graph_ms: float, eager_ms: float) -> dict:
@@ -182,53 +184,89 @@ def run_case(name: str, m: int, w_q, w_scale, limits: dict, variants: list[Varia
     except RuntimeError:        # no fp32 output from this cuBLASLt: the error stays unknown
         peer["error"] = float("nan")
     print_row(name, m, "torch._scaled_mm", peer)
-    row = {"shape": name, "m": m, "n": n, "k": k, "default_config": dataclasses.asdict(default),
+    shape = ptpc_shape(m, n, k)
+    row = {"shape": name, "m": m, "n": n, "k": k, "shape_class": shape,
+           "tables": {step: table.choice("ptpc_linear_quantized", shape).kernel
+                      for step, table in (("eager", kernels.eager), ("graph", kernels.graph))},
            "torch._scaled_mm": peer, "variants": {}}
-    labels_by_config = {}
-    defaults = [Variant("default", measure_error=m >= 1024)] if with_default else []
-    for number, variant in enumerate([*defaults, *variants]):
-        config = variant.config(default, m, n, k) if callable(variant.config) else \
-            (variant.config or default)
+    inputs = (x_q, x_scale, w_q, w_scale, expected, peer["error"])
+    if with_default:
+        result = measure_tables(kernels, inputs, measure_error=m >= 1024, check_factor=1.25)
+        finish(result, figures, peer)
+        result["kernels"] = " / ".join(row["tables"][step].rsplit(".", 1)[-1]
+                                       for step in ("eager", "graph"))
+        row["variants"]["default"] = result
+        print_row(name, m, "default", result)
+    seen = {}
+    for number, variant in enumerate(variants, start=1):
+        config = variant.config_for(m, n, k)
+        key = (variant.kind, config)
         if time.perf_counter() > deadline:
             result = {"failed": "skipped: past the time budget"}
-        elif config in labels_by_config:
-            result = {"same_as": labels_by_config[config]}
+        elif key in seen:
+            result = {"same_as": seen[key]}
         else:
-            labels_by_config[config] = variant.label
-            result = measure_variant(x_q, x_scale, w_q, w_scale, expected, config,
-                                     variant.measure_error, check_factor=1.25 + 0.25 * number)
-            if "graph_ms" in result:
-                error_verdict(result, peer["error"])
-                result.update(figures(result["graph_ms"], result["eager_ms"]))
-                result["ratio_vs_peer"] = peer["graph_ms"] / result["graph_ms"]
-                result["eager_ratio_vs_peer"] = peer["eager_ms"] / result["eager_ms"]
+            seen[key] = variant.label
+            gemm = launcher(variant.kind)
+            result = measure(lambda out_dtype, scale: gemm(x_q, scale, w_q, w_scale, out_dtype,
+                                                          config),
+                             lambda: gemm(x_q, x_scale, w_q, w_scale, torch.bfloat16, config),
+                             expected, variant.measure_error, 1.25 + 0.25 * number, x_scale)
+            result.update(kind=variant.kind, config=dataclasses.asdict(config))
+            finish(result, figures, peer)
         row["variants"][variant.label] = result
         print_row(name, m, variant.label, result)
     return row
 
 
-def measure_variant(x_q, x_scale, w_q, w_scale, expected, config, measure_error: bool,
-                    check_factor: float) -> dict:
-    """Check one config (bf16 output; fp32 output where asked), then time it. The checks scale
-    the activation scales by ``check_factor`` (a different one per variant, never 1): the
-    launcher's fresh output may be a cached block still holding an earlier call's result, which
-    then differs from this one's by that factor instead of passing unwritten."""
-    from atomk31.triton_kernels.ptpc_fp8 import ptpc_linear_quantized_triton
+def finish(result: dict, figures: Callable, peer: dict) -> None:
+    """Adds the error verdict, the fractions of the limits and the ratios to the peer."""
+    if "graph_ms" not in result:
+        return
+    error_verdict(result, peer["error"])
+    result.update(figures(result["graph_ms"], result["eager_ms"]))
+    result["ratio_vs_peer"] = peer["graph_ms"] / result["graph_ms"]
+    result["eager_ratio_vs_peer"] = peer["eager_ms"] / result["eager_ms"]
 
-    def gemm(out_dtype=torch.bfloat16, scale=x_scale):
-        return ptpc_linear_quantized_triton(x_q, scale, w_q, w_scale, out_dtype, config)
+
+def measure_tables(kernels, inputs: tuple, measure_error: bool, check_factor: float) -> dict:
+    """The engine's ``ptpc_linear_quantized``: checked through the graph table, timed eagerly
+    through the eager table and replayed through the graph table."""
+    x_q, x_scale, w_q, w_scale, expected, _ = inputs
+    eager, graph = kernels.eager.ptpc_linear_quantized, kernels.graph.ptpc_linear_quantized
+    checked = measure(lambda out_dtype, scale: graph(x_q, scale, w_q, w_scale, out_dtype),
+                      None, expected, measure_error, check_factor, x_scale)
+    if "failed" in checked:
+        return checked
+    try:
+        checked["graph_ms"] = time_graph_ms(lambda: graph(x_q, x_scale, w_q, w_scale),
+                                            rep=GRAPH_REP_MS)
+        checked["eager_ms"] = time_ms(lambda: eager(x_q, x_scale, w_q, w_scale),
+                                      warmup=EAGER_WARMUP_MS, rep=EAGER_REP_MS)
+    except Exception as failure:  # reported, not raised: the variants still run
+        return {"failed": f"{type(failure).__name__}: {str(failure)[:200]}"}
+    return checked
+
+
+def measure(gemm: Callable, timed: Callable | None, expected, measure_error: bool,
+            check_factor: float, x_scale) -> dict:
+    """Check one GEMM (``gemm(out_dtype, x_scale)``; bf16 output, fp32 output where asked),
+    then time ``timed`` (None: untimed). The checks scale the activation scales by
+    ``check_factor`` (a different one per variant, never 1): the launcher's fresh output may be
+    a cached block still holding an earlier call's result, which then differs from this one's
+    by that factor instead of passing unwritten."""
     try:
         check_scale, check_expected = x_scale * check_factor, expected * check_factor
-        bf16_error = relative_error(gemm(scale=check_scale), check_expected)
+        bf16_error = relative_error(gemm(torch.bfloat16, check_scale), check_expected)
         error = relative_error(gemm(torch.float32, check_scale), check_expected) \
             if measure_error else None
-        graph_ms, eager_ms = time_both(gemm)
+        result = {"error": error, "bf16_output_error": bf16_error,
+                  "correct": bf16_error <= BF16_OUTPUT_TOLERANCE}
+        if timed is not None:
+            result["graph_ms"], result["eager_ms"] = time_both(timed)
     except Exception as failure:  # a variant that does not compile is a result, not a stop
-        return {"failed": f"{type(failure).__name__}: {str(failure)[:200]}",
-                "config": dataclasses.asdict(config)}
-    return {"graph_ms": graph_ms, "eager_ms": eager_ms, "config": dataclasses.asdict(config),
-            "error": error, "bf16_output_error": bf16_error,
-            "correct": bf16_error <= BF16_OUTPUT_TOLERANCE}
+        return {"failed": f"{type(failure).__name__}: {str(failure)[:200]}"}
+    return result
 
 
 def proxy_linears(layer: int, is_mla: bool, is_dense: bool) -> dict[str, tuple[int, int]]:
@@ -301,6 +339,7 @@ def run(quick: bool, out_dir: Path | None, budget_s: float = QUICK_TIME_BUDGET_S
           f"output vs fp32 math", flush=True)
     print(HEADER, flush=True)
     cases = QUICK_CASES if quick else [(name, m) for name in SHAPES for m in TOKENS]
+    kernels = engine_kernels("cuda")
     payload = {"copy_bandwidth_bytes_per_s": limits["copy"],
                "fp8_matmul_flops_per_s": limits["fp8_matmul"], "quick": quick, "rows": []}
     # a timeout's SIGTERM still writes what was measured
@@ -318,13 +357,13 @@ def run(quick: bool, out_dir: Path | None, budget_s: float = QUICK_TIME_BUDGET_S
         for name, m in cases:
             payload["rows"].append(run_case(name, m, *weight(name), limits,
                                             variants_for(name, SHAPES[name][0], m, quick),
-                                            deadline))
+                                            deadline, kernels))
         # last: the variants that may hang the GPU (a hang loses no row printed before it)
         for name, m in cases:
             if risky_variants_for(SHAPES[name][0], m, quick):
                 payload["rows"].append(run_case(name, m, *weight(name), limits,
                                                 risky_variants_for(SHAPES[name][0], m, quick),
-                                                deadline, with_default=False))
+                                                deadline, kernels, with_default=False))
         # the host time of a launch (o_proj at 128 tokens: kernels shorter than it)
         name, m = "o_proj", 128
         if time.perf_counter() < deadline:

@@ -21,58 +21,10 @@ vm scores via memory, vs2 value halves, p1 the next tile's key rows read ahead (
 mla_kernel.py), f16 FP16 products over the FP8 latent (queries scaled into FP16's range:
 mla_fp16_query.py).
 
-Round 3 (H200, graph us; predictions in brackets): 64 rows: default bh128_bn64_s1_vs2 200.6
-(185); p1 237.7 (135); p1_f16 221.7 (125); bn32_s2_p1 258.5 (115); bn32_s2_p1_f16 238.0
-(105); a keys-major kernel (keys as the products' rows, no padding or recomputed scores)
-318-450 (70-100), since removed. 16 rows: bh128_bn64_s1_sp4_vs2_p1_f16 64.3 (40), now the
-default; round 2's default (bh64 sp16 vm) 95.0, bh64_bn64_s1_sp8_vm 78.6 (60). Load latency
-was not the bottleneck at 64 rows (reading ahead lost); FP16 gained ~7% (p1_f16 vs p1) and
-is 10x closer to the fp32 result. Triton 3.6's SASS (compiled offline) showed why p1 lost:
-its carried 64-bit row offsets spilled (56-64 B) with the reloads inside the runs of wgmma;
-p1 now carries the int32 slots instead (24 B, reloads outside them). Final-round
-predictions: 64 rows bh128_bn64_s1_vs2_f16 ~187 us, p1_f16 185-215 us; 16 rows default and
-bh128_bn64_s1_sp4_vs2_f16 ~60-64 us, sp4_vs2_p1 (bf16) ~68 us, bh64 sp16 vm ~95 us.
-
-Session 4 (the gather's slots no longer go through an int64 division: 230 fewer instructions
-a tile), round 1 (H200, graph us; predictions in brackets): 64 rows bh128_bn64_s1_vs2_f16
-153.1 (178), now the default, 25.2% of GEMM; with the next tile's rows asked of L2
-(prefetch.global.L2) 152.0 (160); BF16 (the old default) 185.6 (190); one warpgroup a
-program, two programs a multiprocessor (bh64_bn32_w4_vs2_f16) 205.8 (140), with L2 requests
-184.0 (110); scores via memory bh64_bn64_s1_vm_f16 198.5 (190). 16 rows: the default
-(bh128_bn64_s1_sp4_vs2_p1_f16) 47.2 (60), 20.5%; with L2 requests 57.7 (52); w4 sp4 59.6
-(45), with L2 requests 61.4 (38). The L2 requests were removed (no gain at 64 rows, a loss
-at 16, where the selections sit in L2 between graph replays). Final-round predictions: 64 rows
-default ~153, p1_f16 ~150 (all row loads before the first product; 32 B of stack under 3.6),
-BF16 ~186; 16 rows default ~47, sp4_vs2_f16 (no read-ahead) ~55.
-
-Session 5: the Hopper Gluon kernel (gluon_kernels/sparse_mla_hopper.py; staged: FP8 rows by
-cp.async into staging; rg: into registers a tile ahead, the value product under the next
-tile's conversion): 64 heads a CTA, each warpgroup scores half of each 64-key tile and
-accumulates half the values (1.33x the counted products issued). Round 1 (H200, graph us;
-predictions in brackets; GEMM 760 TFLOP/s): 64 rows staged 130.3 (85), rg 121.5 (75), 29.7%
-of GEMM, the Triton kernel 153.1; 16 rows staged 41.5 (28), rg 39.2 (25), 23.0%, Triton
-47.6; staged sp2 68.5 (45), rg sp8 51.7 (28). rg is the default on Hopper since ("default";
-"triton" is the Triton kernel; the staging was removed). A tile costs ~3.4 us (~6,300
-clocks) against ~2,700 of tensor and shared-memory work: the ~685 instructions a thread a
-tile (softmax, FP8 -> FP16 conversion, O's rescale) run between the products, not under them.
-Final round (GEMM 743 TFLOP/s): 64 rows default 123.0 = 28.1% of GEMM, triton 155.0; 16 rows
-39.5 / 47.6. A lazy rescale (O rescaled only when a maximum grows past 2^8: 128 fewer
-multiplies a thread on most tiles, but ~12 stack reloads a tile under 3.6) lost: 140.8 and
-45.0 us (predicted ~114 and ~38), and was removed.
-
-Session 6: the warp-specialized Gluon kernel (gluon_kernels/sparse_mla_hopper_ws.py,
-"gluon_hopper_ws", the default on Hopper since round 2): a producer warpgroup gathers and
-converts the keys into two FP16 buffers, warpgroup 0 scores all 64 keys of a tile (N = 64)
-and runs the softmax, warpgroup 1 adds its half of the values from P in shared memory;
-mbarriers hand the buffers over. Orders of the products (schedule): late_values (default),
-scores_first "sf", values_first "vf". Round 1 (H200, graph us; GEMM 700 TFLOP/s; predicted
-64 rows ~70): 64 rows sf 99.2 (39.5% of GEMM), vf 100.3, one-role 121.6, triton 153.2; 16
-rows sf / vf 33.9, sf with 2 / 8 splits 50.2 / 46.4, one-role 39.3. Round 2 (GEMM 730
-TFLOP/s; queries staged in one read, no spare product after the last tile): 64 rows
-late_values 87.4 (42.9%), sf 90.6, one-role 122.6, triton 154.8; 16 rows 32.3 / 32.5 / 39.7 /
-47.7. The producer asking L2 for the next tile's rows (or the one after) lost: sf 95.7 /
-98.3, late_values 93.3, 16 rows 34.3 (removed). Final-round predictions: 64 rows default
-~87, sf ~91; 16 rows default ~32.
+"gluon_hopper" is the Hopper Gluon kernel (gluon_kernels/hopper/sparse_mla.py, the `hopper`
+target's: a producer warpgroup converts the keys, a scorer and a value worker), "_spN" with N
+key splits. The rounds that chose the defaults, and the variants since removed (the one-role
+Gluon kernel, the warp-specialized kernel's other product orders): benchmarks/NOTES.md.
 
 Usage: python -m benchmarks.kernels.bench_sparse_mla [--out DIR] [--rows 16 64] [--quick]
 """
@@ -85,8 +37,9 @@ from pathlib import Path
 import torch
 
 from atomk31.ops.sparse_mla import sparse_mla_torch
+from atomk31.triton_kernels.mla_tiles import MLATileConfig
 from atomk31.triton_kernels.sparse_mla import sparse_mla_triton
-from gluon_kernels.sparse_mla_hopper import sparse_mla_hopper
+from gluon_kernels.hopper.sparse_mla import sparse_mla_hopper
 from benchmarks.common import (
     measure_copy_bandwidth,
     measure_matmul_rate,
@@ -108,17 +61,18 @@ ERROR_BOUND = 1e-2  # the GPU tests' bound on the output's relative error (bf16 
 def knobs(block_h: int, block_n: int, num_stages: int, value_splits: int, prefetch: int = 0,
           fp16: bool = False, num_splits: int | None = None, via_memory: bool = False,
           num_warps: int = 8) -> dict:
-    return {"block_h": block_h, "block_n": block_n, "num_warps": num_warps,
-            "num_stages": num_stages,
-            "value_splits": value_splits, "prefetch": prefetch, "fp16_operands": fp16,
-            "num_splits": num_splits, "scores_via_memory": via_memory}
+    return {"config": MLATileConfig(block_h=block_h, block_n=block_n, num_warps=num_warps,
+                                    num_stages=num_stages, value_splits=value_splits,
+                                    prefetch=prefetch, fp16_operands=fp16,
+                                    num_splits=num_splits, scores_via_memory=via_memory)}
 
 
-# Per row count: variant name -> launcher knobs. Round 3 measured every one of them on the
-# H200 (graph us, 64 / 16 rows): the defaults (bh128_bn64_s1_vs2 200 us; few rows now
-# bh128_bn64_s1_sp4_vs2_p1_f16 64 us, was bh64_bn64_s1_sp16_vm 95 us) and the losers kept as
-# references: p1 at 64 rows 238, bn32 with two stages 258. Session 4 (graph us): the 64-row
-# default is now bh128_bn64_s1_vs2_f16 (153.1; BF16 185.6); w4 205.8 (16 rows 59.6), vm 198.5.
+def gluon(num_splits: int | None = None) -> dict:
+    return {"kernel": "gluon_hopper", "config": MLATileConfig(num_splits=num_splits)}
+
+
+# Per row count: variant name -> how it runs (the Triton launcher's tile config, or the Gluon
+# kernel's key splits). The defaults and the references they were measured against.
 VARIANTS = {
     64: {
         "bh128_bn64_s1_vs2": knobs(128, 64, 1, 2),
@@ -128,28 +82,15 @@ VARIANTS = {
         "bh128_bn32_s2_vs2_p1_f16": knobs(128, 32, 2, 2, prefetch=1, fp16=True),
         # One warpgroup a program, two programs a multiprocessor (232 / 254 registers,
         # 106 KB of shared memory each): one program's loads and softmax under the other's
-        # products. Lost (205.8 vs 153.1 us): its 32-key score product is bound by shared
-        # memory (the queries re-read from it for every 32 keys).
+        # products; its 32-key score product is bound by shared memory (the queries re-read
+        # from it for every 32 keys).
         "bh64_bn32_w4_vs2_f16": knobs(64, 32, 1, 2, fp16=True, num_warps=4),
         "bh64_bn32_w4_vs2_p1_f16": knobs(64, 32, 1, 2, prefetch=1, fp16=True, num_warps=4),
         # Scores via memory: each warpgroup scores half the keys (no recomputed scores, 1.33x
         # the counted products instead of 2.04x), probabilities through a scratch buffer.
         "bh64_bn64_s1_vm_f16": knobs(64, 64, 1, 1, fp16=True, via_memory=True),
-        # Session 5: the Hopper Gluon kernel (gluon_kernels/sparse_mla_hopper.py, the default
-        # on Hopper since): 64 heads a CTA, each warpgroup scores half of a 64-key tile and
-        # accumulates half the values, the FP8 rows loaded into registers a tile ahead and
-        # converted under the value product (121.5 us; by cp.async into staging: 130.3, the
-        # staging since removed).
-        "triton": {"kernel": "triton"},
-        "gluon_hopper": {"kernel": "gluon_hopper"},
-        # Session 6: warp-specialized (gluon_kernels/sparse_mla_hopper_ws.py, the default
-        # since, its order late_values): a producer warpgroup converts the keys, the value
-        # products run under the softmax; sf / vf: its other orders (see its SCHEDULE). The
-        # producer's L2 requests for the next tile's rows lost (removed; numbers above).
-        "gluon_hopper_ws_sf": {"kernel": "gluon_hopper", "warp_specialized": True,
-                               "schedule": "scores_first"},
-        "gluon_hopper_ws_vf": {"kernel": "gluon_hopper", "warp_specialized": True,
-                               "schedule": "values_first"},
+        "triton": {"config": None},
+        "gluon_hopper": gluon(),
     },
     16: {
         "bh64_bn64_s1_sp16_vm": knobs(64, 64, 1, 1, num_splits=16, via_memory=True),
@@ -163,22 +104,14 @@ VARIANTS = {
         "bh64_bn32_w4_sp4_vs2_f16": knobs(64, 32, 1, 2, fp16=True, num_splits=4, num_warps=4),
         "bh64_bn32_w4_sp4_vs2_p1_f16": knobs(64, 32, 1, 2, prefetch=1, fp16=True,
                                              num_splits=4, num_warps=4),
-        # The Gluon kernel's key splits: 32 CTAs x 4 (the default, 128 CTAs of 8 tiles) won:
-        # 39.2 us (staged: 41.5); sp8 51.7, staged sp2 68.5.
-        "triton": {"kernel": "triton"},
-        "gluon_hopper": {"kernel": "gluon_hopper"},
-        "gluon_hopper_sp8": {"kernel": "gluon_hopper", "num_splits": 8},
-        "gluon_hopper_ws_sf": {"kernel": "gluon_hopper", "warp_specialized": True,
-                               "schedule": "scores_first"},
-        "gluon_hopper_ws_sp2": {"kernel": "gluon_hopper", "warp_specialized": True,
-                                "num_splits": 2},
-        "gluon_hopper_ws_sp8": {"kernel": "gluon_hopper", "warp_specialized": True,
-                                "num_splits": 8},
+        "triton": {"config": None},
+        "gluon_hopper": gluon(),
+        "gluon_hopper_sp2": gluon(2),
+        "gluon_hopper_sp8": gluon(8),
     },
 }
-# The round's set: the defaults' measured forms and the candidates to replace them.
-# "default" is the warp-specialized kernel since session 6; "gluon_hopper" the one-role one.
-QUICK = {64: ["triton", "gluon_hopper", "gluon_hopper_ws_sf"], 16: ["triton", "gluon_hopper"]}
+# The round's set: the Triton default and the Gluon kernel (what Hopper's table runs).
+QUICK = {64: ["triton", "gluon_hopper"], 16: ["triton", "gluon_hopper"]}
 
 
 def make_latent_cache(num_blocks: int, device: str) -> torch.Tensor:
@@ -193,12 +126,11 @@ def random_selection(num_rows: int, num_slots: int, device: str) -> torch.Tensor
 
 
 def run_variant(q: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
-                knobs: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """One variant: the Gluon kernel's launcher with its own knobs, else the Triton one."""
-    if knobs.get("kernel") == "gluon_hopper":
-        rest = {key: value for key, value in knobs.items() if key != "kernel"}
-        return sparse_mla_hopper(q, cache, 1.0, slots, SOFTMAX_SCALE, **rest)
-    return sparse_mla_triton(q, cache, 1.0, slots, SOFTMAX_SCALE, **knobs)
+                variant: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """One variant: the Gluon kernel's launcher, else the Triton one, with its config."""
+    if variant.get("kernel") == "gluon_hopper":
+        return sparse_mla_hopper(q, cache, 1.0, slots, SOFTMAX_SCALE, variant["config"])
+    return sparse_mla_triton(q, cache, 1.0, slots, SOFTMAX_SCALE, variant["config"])
 
 
 def bench_rows(num_rows: int, cache: torch.Tensor, copy_bw: float, matmul_rate: float,

@@ -8,15 +8,15 @@ exact definition) on every case before it is timed.
 
 Times are CUDA-graph replays (`time_graph_ms`: what a captured decode step pays; the scores
 stay in L2 between replays where they fit, as after the indexer that writes them); "triton"
-and "split" are also timed eagerly (`time_ms`) and stage by stage (cumulative graph times of
-the first stages alone; "all" is the whole launch). Variants: "triton" is the launcher's
-defaults (at 64 rows on NVIDIA: stage 1 one program per row that also finds T0, the staged
-collect ranking candidates with warp ballots, the overflow rescan inside the finish, whose
-search runs 128 ways); "split" session 6 round 2's defaults (stages 1 and 2 apart, the
-overflow kernel, 64 ways); "pdl" the defaults with programmatic dependent launch; "ovf
-kernel" the defaults with the overflow rescan in its own kernel (faster when rows overflow:
-the all-equal case); the tuning variants change one option of the defaults ("coll 24/sm":
-24 one-warp collect programs per multiprocessor instead of 16).
+and "split" are also timed eagerly (`time_ms`). Variants (a `TopkConfig` each): "triton" is
+the launcher's defaults (at 64 rows on NVIDIA: stage 1 one program per row that also finds
+T0, the staged collect ranking candidates with warp ballots, the overflow rescan inside the
+finish, whose search runs 128 ways); "split" stages 1 and 1b apart, the overflow kernel, 64
+ways (the defaults below 64 rows and on AMD, but the ways); "ovf kernel" the defaults with
+the overflow rescan in its own kernel (faster when rows overflow: the all-equal case); the
+tuning variants change one option of the defaults ("coll 24/sm": 24 one-warp collect
+programs per multiprocessor instead of 16). Earlier rounds (stage-by-stage timings, the warp
+collect, programmatic dependent launch, since removed): benchmarks/NOTES.md.
 Peers from the same run: torch.topk (best first, no tie rule: the goal's peer) and
 torch.topk followed by a sort of its positions (the same output order as ours, for honesty).
 Ratios: torch.topk time over ours (graph), and the scores' bytes read once per time over the
@@ -35,6 +35,7 @@ import torch
 
 from atomk31.ops.topk import positions_to_slots_torch, topk_positions_torch
 from atomk31.triton_kernels.topk import topk_triton
+from atomk31.triton_kernels.topk_config import TopkConfig
 from benchmarks.common import measure_copy_bandwidth, time_graph_ms, time_ms, write_result
 
 NUM_ROWS = 64
@@ -51,25 +52,23 @@ CASES = {
     "rising_128K": (131072, "rising"),
 }
 QUICK_CASES = ["normal_128K", "normal_1M", "equal_128K", "rising_128K"]
-# Round 3's final defaults on the H200 (2026-11-29, graph us): best-first output, sorting finish.
+# Earlier finals on the H200 (graph us), printed beside this run's: round 3 (best-first
+# output, sorting finish) and session 5.
 ROUND3_US = {"normal_128K": 91.5, "normal_1M": 268.3, "equal_128K": 99.1, "rising_128K": 65.9}
-# Session 5's final run (graph us): its defaults.
 SESSION5_US = {"normal_128K": 52.6, "normal_1M": 192.9, "equal_128K": 91.2,
                "rising_128K": 51.6}
-# Timed on every case: the defaults and what they replaced.
+# Timed on every case: the defaults and the other paths a default takes elsewhere.
 MAIN_VARIANTS = {
-    "triton": {},  # the launcher's defaults
-    "split": {"fuse_threshold": False, "fuse_overflow": False, "search_ways": 64},
-    "pdl": {"pdl": True},
-    "ovf kernel": {"fuse_overflow": False},
+    "triton": TopkConfig(),  # the launcher's defaults
+    "split": TopkConfig(fuse_threshold=False, fuse_overflow=False, search_ways=64),
+    "ovf kernel": TopkConfig(fuse_overflow=False),
 }
 # Timed on the normal cases only: one option of the defaults changed.
 TUNING_VARIANTS = {
-    "coll 24/sm": {"collect_programs_per_sm": 24},
-    "ways64": {"search_ways": 64},
+    "coll 24/sm": TopkConfig(collect_programs_per_sm=24),
+    "ways64": TopkConfig(search_ways=64),
 }
-STAGED = ("triton", "split")  # also timed eagerly and stage by stage
-STAGE_NAMES = ("gmax", "+thr", "+coll", "+ovf", "all")
+STAGED = ("triton", "split")  # also timed eagerly
 PEERS = ("torch.topk", "torch.topk+sort")
 
 
@@ -110,7 +109,7 @@ def bench_case(name: str, copy_bw: float, tuning: bool) -> dict:
     want = topk_positions_torch(scores, K, lengths)
     want_slots = positions_to_slots_torch(want, block_table, row_request, BLOCK_SIZE)
     result = {"case": name, "rows": NUM_ROWS, "length": length, "k": K, "scores": kind,
-              "exact": {}, "graph_ms": {}, "ms": {}, "stages_ms": {}}
+              "exact": {}, "graph_ms": {}, "ms": {}}
     # The peers first, so that every variant's row prints its ratios as soon as it is timed.
     peers = {"torch.topk": lambda: torch.topk(scores, K, dim=1),
              "torch.topk+sort": lambda: torch.sort(torch.topk(scores, K, dim=1).indices,
@@ -121,20 +120,16 @@ def bench_case(name: str, copy_bw: float, tuning: bool) -> dict:
     result["ms"]["torch_exact"] = time_ms(lambda: topk_positions_torch(scores, K, lengths))
     print_case(result, copy_bw)
     variants = {**MAIN_VARIANTS, **(TUNING_VARIANTS if tuning else {})}
-    for variant, options in variants.items():
-        check_and_time(result, variant, lambda o=options: topk_triton(scores, K, lengths, **o),
-                       want)
+    for variant, config in variants.items():
+        check_and_time(result, variant,
+                       lambda c=config: topk_triton(scores, K, lengths, config=c), want)
         if variant in MAIN_VARIANTS:
-            check_and_time(result, f"{variant} slots", lambda o=options: topk_triton(
-                scores, K, lengths, block_table, row_request, BLOCK_SIZE, **o), want_slots,
-                is_timed=variant in STAGED)
+            check_and_time(result, f"{variant} slots", lambda c=config: topk_triton(
+                scores, K, lengths, block_table, row_request, BLOCK_SIZE, config=c),
+                want_slots, is_timed=variant in STAGED)
         if variant in STAGED and result["exact"][variant] is True:
-            run = (lambda o=options: topk_triton(scores, K, lengths, **o))
-            result["ms"][variant] = time_ms(run)
-            result["stages_ms"][variant] = [
-                time_graph_ms(lambda s=stages, o=options: topk_triton(
-                    scores, K, lengths, stages=s, **o), rep=GRAPH_REP_MS)
-                for stages in range(1, 5)] + [result["graph_ms"][variant]]
+            result["ms"][variant] = time_ms(
+                lambda c=config: topk_triton(scores, K, lengths, config=c))
         print_variant(result, variant, copy_bw)
     num_bytes = scores.numel() * 4
     result["bandwidth_fraction"] = {variant: num_bytes / (ms * 1e-3) / copy_bw
@@ -145,8 +140,7 @@ def bench_case(name: str, copy_bw: float, tuning: bool) -> dict:
 def print_header(copy_bw: float) -> None:
     print(f"copy {copy_bw / 1e12:.2f} TB/s. us, CUDA graph replay (L2 kept); x = torch.topk / "
           "ours, xs = torch.topk+sort / ours (graph); BW = scores bytes once / time / copy bw; "
-          "exact: equal to the torch op (no tolerance); eager = time_ms; stages: cumulative "
-          "graph us", flush=True)
+          "exact: equal to the torch op (no tolerance); eager = time_ms", flush=True)
 
 
 def print_case(r: dict, copy_bw: float) -> None:
@@ -174,9 +168,6 @@ def print_variant(r: dict, variant: str, copy_bw: float) -> None:
         us = g[name] * 1e3
         fraction = r["rows"] * r["length"] * 4 / (us * 1e-6) / copy_bw
         extra = f" eager {r['ms'][name] * 1e3:6.1f}" if name in r["ms"] else ""
-        if name in r["stages_ms"]:
-            extra += " | " + " ".join(f"{s} {t * 1e3:.1f}" for s, t in zip(
-                STAGE_NAMES, r["stages_ms"][name]))
         print(f"   {name:<20} {us:7.1f} x{g['torch.topk'] / g[name]:5.2f} "
               f"xs{g['torch.topk+sort'] / g[name]:5.2f} BW {fraction:5.1%} "
               f"{verdict}{extra}", flush=True)

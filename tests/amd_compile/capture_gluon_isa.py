@@ -6,7 +6,8 @@ kernels' @jit helpers become interpreter functions that the compiler cannot refe
 
     python tests/amd_compile/capture_gluon_isa.py gfx950 report.json
 
-The report maps each example name to {"asm": the AMD assembly or the PTX} or {"error": ...}.
+The report maps each example name (one per size case: gluon_kernels/compile.py's
+``size_cases``) to {"asm": the AMD assembly or the PTX} or {"error": ...}.
 """
 
 import json
@@ -16,20 +17,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def capture(arch: str) -> dict[str, dict[str, str]]:
-    from gluon_kernels import (
-        indexer_score, indexer_score_hopper_launch, ptpc_fp8_hopper, radix_topk,
-    )
-    from gluon_kernels.compile import compile_example
+    from gluon_kernels.compile import compile_example, size_cases
+    from gluon_kernels.hopper import ptpc_fp8
     from gluon_kernels.targets import target_for_arch
 
     target = target_for_arch(arch)
     asm_kind = "ptx" if arch.startswith("sm") else "amdgcn"
     report = {}
-    for module in (indexer_score, radix_topk, ptpc_fp8_hopper, indexer_score_hopper_launch):
-        for example in module.compile_examples(target):
+    for module in (ptpc_fp8,):
+        for example in (case for e in module.compile_examples(target) for case in size_cases(e)):
             try:
                 report[example.name] = {"asm": compile_example(example, target).asm[asm_kind]}
             except Exception as error:  # reported, not raised: one failure must not hide others

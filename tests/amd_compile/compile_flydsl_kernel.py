@@ -2,7 +2,7 @@
 
     ROCM_PATH=... COMPILE_ONLY=1 ARCH=gfx950 FLYDSL_DEBUG_DUMP_ASM=1 FLYDSL_DUMP_DIR=DIR \
         python tests/amd_compile/compile_flydsl_kernel.py \
-        flydsl_kernels.sparse_mla compile_sparse_mla
+        amd_compile.flydsl_launch_examples sparse_mla_engine_view
 
 FlyDSL reads those settings from the environment, which is why the tests start this script
 with its own environment instead of setting variables in the test process.
@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: amd_compile.*
 
 
 def main() -> None:

@@ -21,7 +21,8 @@ SCRIPT = Path(__file__).with_name("compile_flydsl_kernel.py")
 
 # (module, compile function, arch, MFMA instructions the ISA must hold, VGPR+AGPR budget)
 KERNELS = [
-    ("flydsl_kernels.sparse_mla", "compile_sparse_mla", "gfx950",
+    # the engine's strided cache view (amd_compile/flydsl_launch_examples.py)
+    ("amd_compile.flydsl_launch_examples", "sparse_mla_engine_view", "gfx950",
      ("v_mfma_f32_16x16x32_fp8_fp8", "v_mfma_f32_16x16x16_bf16"), 256),
     ("flydsl_kernels.moe_mxfp4", "compile_gate_up_situ", "gfx950",
      ("v_mfma_scale_f32_16x16x128_f8f6f4",), 128),

@@ -1,5 +1,10 @@
-"""Every Gluon kernel compiled for gfx950 and gfx942 (and its NVIDIA instantiation), no GPU.
+"""The Gluon kernels with offline compile examples (gluon_kernels' `compile_examples`) compiled for
+gfx950 and gfx942 (and their NVIDIA instantiation), no GPU. The attention kernels
+(gluon_kernels/hopper, gluon_kernels/amd) are compiled through their launchers instead, with
+the engine's tensors: test_gluon_launches.py.
 
+Each example is compiled once per size case of the size arguments it names (all equal to 1,
+all multiples of 16, neither: gluon_kernels/compile.py), as Triton specializes a launch's ints.
 ISA checks: the matrix instruction the kernel was written for (scaled MFMA on gfx950, with
 the FP4 operand format ``cbsz:4 blgp:4`` on the MXFP4 path; CDNA3 FP8 MFMA on gfx942;
 mma.sync on NVIDIA), no scratch, no spills, registers within the kernel's design budget.
@@ -13,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from gluon_kernels import indexer_score, indexer_score_hopper_launch, ptpc_fp8_hopper, radix_topk
+from gluon_kernels.compile import size_cases
+from gluon_kernels.hopper import ptpc_fp8
 from gluon_kernels.targets import target_for_arch
 from amd_compile.capture import capture_reports
 from amd_compile.isa import check_no_scratch, check_registers, instructions, register_report
 
-# the last two: Hopper only
-KERNEL_MODULES = [indexer_score, radix_topk, ptpc_fp8_hopper, indexer_score_hopper_launch]
+KERNEL_MODULES = [ptpc_fp8]  # Hopper only
 AMD_ARCHS = ["gfx950", "gfx942"]
 SCRIPT = Path(__file__).with_name("capture_gluon_isa.py")
 
@@ -37,10 +42,16 @@ def _asm(assembly: dict, arch: str, name: str) -> str:
     return compiled["asm"]
 
 
+def compile_examples(target) -> list:
+    """Every module's examples for ``target``, once per size case."""
+    return [case for module in KERNEL_MODULES for example in module.compile_examples(target)
+            for case in size_cases(example)]
+
+
 def examples(arch):
     target = target_for_arch(arch)
     return [pytest.param(target, example, id=f"{arch}-{example.name}")
-            for module in KERNEL_MODULES for example in module.compile_examples(target)]
+            for example in compile_examples(target)]
 
 
 @pytest.mark.parametrize("target,example", [p for arch in AMD_ARCHS for p in examples(arch)])
@@ -60,8 +71,7 @@ def test_gluon_kernel_compiles_for_amd_with_its_matrix_instruction(assembly, tar
         check_registers(f"{example.name} on {target.arch}", report, example.max_vgprs)
 
 
-@pytest.mark.parametrize("example", [e for m in KERNEL_MODULES
-                                     for e in m.compile_examples(target_for_arch("sm90"))],
+@pytest.mark.parametrize("example", compile_examples(target_for_arch("sm90")),
                          ids=lambda e: f"sm90-{e.name}")
 def test_gluon_kernel_nvidia_instantiation_compiles(assembly, example):
     ptx = _asm(assembly, "sm90", example.name)
@@ -70,11 +80,6 @@ def test_gluon_kernel_nvidia_instantiation_compiles(assembly, example):
     if example.name.startswith(("ptpc_gemm_hopper", "indexer_score_hopper")):
         # async wgmma, producer registers given back
         assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx
-
-
-def test_gfx942_has_no_mxfp4_instantiation():
-    names = [e.name for e in indexer_score.compile_examples(target_for_arch("gfx942"))]
-    assert names == ["indexer_score[fp8]"]
 
 
 def test_unknown_arch_is_refused_with_the_choices():

@@ -2,15 +2,15 @@
 
 capture_triton_isa.py runs each launcher of triton_launch_examples.py under a compile-only
 driver (one subprocess per architecture, both at once, with TRITON_INTERPRET removed from
-its environment) and reports the ISA of every kernel it compiled. Checks: every `*_kernel` is
-reached by an example; no launcher fails; kernels that call tl.dot use MFMA, and the MXFP4
-dot_scaled paths scaled MFMA (v_mfma_scale_*) on gfx950; no scratch, no spills; the unified
-VGPR count (arch VGPRs + AGPRs) within two waves per SIMD unless REGISTER_BUDGET says
-otherwise.
+its environment), each example once per size case (sizes.py), and reports the ISA of every
+kernel it compiled. Checks: every `*_kernel` is reached by an example; no launcher fails;
+kernels that call tl.dot use MFMA, and the examples of SCALED_MFMA_EXAMPLES scaled MFMA
+(v_mfma_scale_*) on gfx950; no scratch, no spills; the unified VGPR count (arch VGPRs +
+AGPRs) within two waves per SIMD unless REGISTER_BUDGET says otherwise.
 
-KNOWN_FAILURES lists what these checks find today in kernels owned elsewhere, with the ISA
-reason. They are strict xfails: when a kernel is fixed its test fails as XPASS, and the
-entry must go.
+KNOWN_FAILURES lists what these checks find today, with the ISA reason, by example name (every
+size case) or "<name>@<case>". They are strict xfails: when a kernel is fixed its test fails
+as XPASS, and the entry must go.
 """
 
 import sys
@@ -20,6 +20,7 @@ import pytest
 
 from amd_compile.capture import calls_dot, capture_reports, compiled_by
 from amd_compile.isa import TWO_WAVES_PER_SIMD, unified_vgprs
+from amd_compile.sizes import known
 
 ARCHS = ("gfx950", "gfx942")
 
@@ -27,23 +28,15 @@ ARCHS = ("gfx950", "gfx942")
 REGISTER_BUDGET: dict[str, int] = {}
 
 # Examples whose products must run on scaled MFMA (MXFP4 with E8M0 scales), per architecture:
-# example -> the kernels held to it (None: every kernel the example compiles).
-SCALED_MFMA_EXAMPLES: dict[str, dict[str, set[str] | None]] = {
-    "gfx950": {"moe_experts_mxfp4[dot_scaled]": None,
-               "moe_experts_mxfp4[gemv dot_scaled]": None,
-               # FP8 (MXFP8) activations x E2M1 weights: v_mfma_scale_f32_16x16x128_f8f6f4
-               "moe_experts_mxfp4[dot_scaled, fp8 down]": {"moe_down_kernel"}}}
+# example (name or "<name>@<case>") -> the kernels held to it (None: every kernel it compiles).
+# None today: the Triton dot_scaled paths left the package (the MoE grouped GEMMs' MXFP8
+# variant lives in benchmarks/kernels/variants/); FlyDSL's MoE is checked in
+# test_flydsl_compile.py.
+SCALED_MFMA_EXAMPLES: dict[str, dict[str, set[str] | None]] = {}
 
-# (arch or "*", example) -> what the check found (measured with triton 3.x, this repo's
-# kernels); for kernels owned elsewhere. Strict: a fixed kernel turns its test red (XPASS).
-KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    ("gfx950", "moe_experts_mxfp4[dot_scaled]"): "tl.dot_scaled of bf16 activations with e2m1 "
-                                                 "weights is decomposed to v_mfma_f32_16x16x32_"
-                                                 "bf16: no v_mfma_scale_* (needs f8/f6/f4 on "
-                                                 "both sides)",
-    ("gfx950", "moe_experts_mxfp4[gemv dot_scaled]"): "the small-batch GEMV's tl.dot_scaled: "
-                                                      "bf16 x e2m1 decomposes to bf16 MFMA too",
-}
+# (arch or "*", example name or "<name>@<case>") -> what the check found (measured with
+# triton 3.x, this repo's kernels). Strict: a fixed kernel turns its test red (XPASS).
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +46,9 @@ def reports(tmp_path_factory) -> dict[str, dict]:
 
 
 def _known_failure(arch: str, example: str) -> str | None:
-    return KNOWN_FAILURES.get((arch, example)) or KNOWN_FAILURES.get(("*", example))
+    base = example.split("@")[0]
+    return next((KNOWN_FAILURES[key] for key in ((arch, example), ("*", example), (arch, base),
+                                                 ("*", base)) if key in KNOWN_FAILURES), None)
 
 
 def _cases() -> list:
@@ -82,6 +77,7 @@ def test_every_triton_kernel_is_reached_by_an_example(reports, arch):
 def test_known_failures_name_existing_examples():
     """A stale KNOWN_FAILURES key (a renamed example) would silently stop checking."""
     examples = {case.values[1] for case in _cases()}
+    examples |= {example.split("@")[0] for example in examples}
     stale = [key for key in KNOWN_FAILURES if key[1] not in examples or
              key[0] not in (*ARCHS, "*")]
     assert not stale, f"KNOWN_FAILURES entries for no (arch, example): {stale}"
@@ -93,7 +89,7 @@ def test_triton_launcher_compiles_for_amd(reports, arch, example):
         name = f"{kernel['kernel']} ({example}) on {arch}"
         if calls_dot(kernel["kernel"]):
             assert kernel["mfma"], f"{name}: multiplies matrices (tl.dot) but has no MFMA"
-        scaled_kernels = SCALED_MFMA_EXAMPLES.get(arch, {}).get(example, set())
+        scaled_kernels = known(SCALED_MFMA_EXAMPLES.get(arch, {}), example) or set()
         if scaled_kernels is None or kernel["kernel"] in scaled_kernels:
             assert any(m.startswith("v_mfma_scale") for m in kernel["mfma"]), (
                 f"{name}: an MXFP4 dot_scaled path without scaled MFMA, only {kernel['mfma']}")

@@ -1,7 +1,7 @@
 """Every Triton kernel of atomk31/triton_kernels compiled for Hopper (sm_90), no GPU.
 
 The portable path's compile check, beside the AMD one (test_triton_compile.py, same launch
-examples, same compile-only driver reporting ``GPUTarget("cuda", 90, 32)``): the launchers take
+examples and size cases, same compile-only driver reporting ``GPUTarget("cuda", 90, 32)``): the launchers take
 their CUDA configurations (tiles, inline PTX, FP16 operand types), the kernels go through
 ptxas, and cuobjdump reads the cubin. Checks: every `*_kernel` is reached; no launcher fails
 (shared memory within Hopper's 227 KiB per block included); kernels that call tl.dot use tensor
@@ -17,19 +17,17 @@ from pathlib import Path
 import pytest
 
 from amd_compile.capture import calls_dot, capture_reports, compiled_by
+from amd_compile.sizes import known
 
 ARCH = "sm90"
 
-# example -> why its kernel spills at the example's shape (measured with triton 3.9); strict:
-# a kernel that stops spilling turns its test red (XPASS), and the entry must go.
+# example (name: every size case, or "<name>@<case>") -> why its kernel spills at the
+# example's shape (measured with triton 3.9); strict: a kernel that stops spilling turns its
+# test red (XPASS), and the entry must go.
 KNOWN_SPILLS: dict[str, str] = {
-    "indexer_score[fp8, fp8 dot]": "opt-in FP8 tensor-core products, register-capped to 128 "
-                                   "(184 B of stack)",
-    "kda_prefill[column-block scores]": "opt-in column-block stage 1a at 4 warps",
     "kda_prefill[float32]": "the exact float32 intra-chunk kernel (IEEE products of fp32 "
                             "64-row tiles): 3168 B of stack at 255 registers, a correctness "
                             "path never tuned for speed",
-    "moe_experts_mxfp4[gemv fma_words]": "a non-default GEMV mode, down kernel (16 B)",
     "sparse_mla[fp8 cache]": "16 heads, one program per row: the few-head tiles (24 B)",
     "sparse_mla[fp16 products]": "16 heads with FP16 products (80 B)",
     "dense_mla": "16 heads over a BF16 cache: the few-head dense tiles (392 B)",
@@ -52,9 +50,9 @@ def _examples() -> list:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from triton_launch_examples import EXAMPLES
 
-    return [pytest.param(example, marks=[pytest.mark.xfail(reason=KNOWN_SPILLS[example],
+    return [pytest.param(example, marks=[pytest.mark.xfail(reason=known(KNOWN_SPILLS, example),
                                                            strict=True)]
-                         if example in KNOWN_SPILLS else [], id=example)
+                         if known(KNOWN_SPILLS, example) else [], id=example)
             for example in EXAMPLES]
 
 
@@ -66,6 +64,7 @@ def test_every_triton_kernel_is_reached_on_hopper(report):
 
 def test_known_spills_name_existing_examples():
     examples = {param.values[0] for param in _examples()}
+    examples |= {example.split("@")[0] for example in examples}
     stale = [example for example in KNOWN_SPILLS if example not in examples]
     assert not stale, f"KNOWN_SPILLS entries for no example: {stale}"
 

@@ -1,9 +1,11 @@
-"""One small launch per Triton launcher, so every kernel of atomk31/triton_kernels compiles.
+"""Small launches of every Triton launcher, so every kernel of atomk31/triton_kernels compiles.
 
 Each example calls a launcher of atomk31/triton_kernels with CPU tensors shaped by the op's
 contract (atomk31/ops/) at K3.1's per-head sizes (128-wide keys and values, 576-wide latent
-rows, 32 indexer heads). capture_triton_isa.py runs them under a compile-only driver, so the
-kernels compile for gfx950 / gfx942 exactly as a launch on that GPU would; nothing executes.
+rows, 32 indexer heads), once per size case (sizes.py: every run-time size 1, every one a
+multiple of 16, none of either; "<name>@<case>"). capture_triton_isa.py runs them under a
+compile-only driver, so the kernels compile for gfx950 / gfx942 / sm_90 exactly as a launch on
+that GPU would, Triton's specialization of the int arguments included; nothing executes.
 
 A new launcher needs one entry here; test_triton_compile.py fails, naming the kernel, when a
 `*_kernel` of atomk31/triton_kernels is reached by no example.
@@ -16,6 +18,7 @@ from collections.abc import Callable
 import torch
 from kda_launch_examples import HEAD_DIM, KDA_EXAMPLES, KDA_HEADS
 from moe_launch_examples import MOE_EXAMPLES
+from sizes import Sizes, sized
 
 NUM_INDEX_HEADS = 32
 
@@ -54,28 +57,26 @@ def _index_cache(index_format: str, num_blocks: int, block_size: int):
             torch.full((num_blocks, block_size, 4), 127, dtype=torch.uint8))
 
 
-def indexer_score(index_format: str, use_fp8_dot: bool) -> Callable[[], None]:
-    def run() -> None:
+def indexer_score(index_format: str) -> Callable[[Sizes], None]:
+    def run(s: Sizes) -> None:
         from atomk31.triton_kernels.indexer_score import indexer_score_triton
 
-        if use_fp8_dot and _fp8_variant() == "e4m3fnuz":
-            return  # the FP8 dot path is for e4m3fn targets (gfx950) only
-        block_size, num_rows = 64, 8
-        values, scales = _index_cache(index_format, 4, block_size)
-        block_table = torch.arange(4, dtype=torch.int32)[None]
+        block_size, num_rows, num_blocks = 64, s(8), s(4)
+        values, scales = _index_cache(index_format, num_blocks, block_size)
+        block_table = torch.arange(num_blocks, dtype=torch.int32)[None]
         indexer_score_triton(
             torch.randn(num_rows, NUM_INDEX_HEADS, 128), torch.randn(num_rows, NUM_INDEX_HEADS),
             values, scales, index_format, _fp8_variant(), block_table,
-            torch.zeros(num_rows, dtype=torch.int32), torch.arange(200, 200 + num_rows),
-            block_size, use_fp8_dot=use_fp8_dot)
+            torch.zeros(num_rows, dtype=torch.int32),
+            torch.arange(s(200) - 1, s(200) - 1 + num_rows), block_size)
     return run
 
 
-def kv_write(index_format: str, latent_dtype: torch.dtype) -> Callable[[], None]:
-    def run() -> None:
+def kv_write(index_format: str, latent_dtype: torch.dtype) -> Callable[[Sizes], None]:
+    def run(s: Sizes) -> None:
         from atomk31.triton_kernels.kv_write import kv_write_triton
 
-        num_blocks, block_size, num_tokens = 2, 16, 5
+        num_blocks, block_size, num_tokens = s(2), 16, s(5)
         values, scales = _index_cache(index_format, num_blocks, block_size)
         dtype = latent_dtype
         if dtype == torch.float8_e4m3fn and _fp8_variant() == "e4m3fnuz":
@@ -91,130 +92,59 @@ def _fp8_dtype() -> torch.dtype:
     return {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}[_fp8_variant()]
 
 
-def attn_res() -> None:
+def attn_res(s: Sizes) -> None:
     from atomk31.triton_kernels.attn_res import attn_res_triton
 
     hidden_size = 7168  # the model's D (§2): one program holds a whole row
-    attn_res_triton(torch.randn(3, 5, hidden_size, dtype=torch.bfloat16),
+    attn_res_triton(torch.randn(s(3), s(5), hidden_size, dtype=torch.bfloat16),
                     torch.randn(hidden_size), torch.randn(hidden_size), 1e-6)
 
 
-def gated_rms_norm() -> None:
+def gated_rms_norm(s: Sizes) -> None:
     from atomk31.triton_kernels.gated_rms_norm import gated_rms_norm_triton
 
-    x, gate = (torch.randn(5, KDA_HEADS, HEAD_DIM, dtype=torch.bfloat16) for _ in range(2))
+    x, gate = (torch.randn(s(5), KDA_HEADS, HEAD_DIM, dtype=torch.bfloat16) for _ in range(2))
     gated_rms_norm_triton(x, gate, torch.randn(HEAD_DIM), 1e-6)
 
 
-def gated_rms_norm_fp8() -> None:
-    from atomk31.triton_kernels.gated_rms_norm import gated_rms_norm_fp8_triton
+def ptpc_linear(num_tokens: int, in_features: int) -> Callable[[Sizes], None]:
+    """The quantizer, then the pointer GEMM with its tile choice for ``num_tokens`` (3 tokens
+    over K=4096: decode tiles with split K; 300: the 128x128 tiles)."""
+    def run(s: Sizes) -> None:
+        from atomk31.triton_kernels.ptpc_fp8 import ptpc_linear_triton
+        from atomk31.quant.ptpc import quantize_weight_ptpc
 
-    x, gate = (torch.randn(5, KDA_HEADS, HEAD_DIM, dtype=torch.bfloat16) for _ in range(2))
-    gated_rms_norm_fp8_triton(x, gate, torch.randn(HEAD_DIM), 1e-6, _fp8_dtype())
-
-
-def ptpc_linear(num_tokens: int, in_features: int) -> Callable[[], None]:
-    """The quantizer, then the FP8 GEMM with the launcher's tile choice for ``num_tokens``
-    (3 tokens over K=4096: decode tiles with split K; 300: the 128x128 tiles).
-
-    The GEMM is launched here with the launcher's arguments, not through
-    ``ptpc_linear_quantized_triton``: that launcher picks its fp32 interpreter path for CPU
-    tensors (DOT_FP32), and the check is about the FP8 path a GPU runs."""
-    def run() -> None:
-        import triton
-
-        from atomk31.triton_kernels.ptpc_fp8 import (pick_config, ptpc_gemm_kernel,
-                                                     ptpc_quantize_triton)
-
-        out_features = 256
-        a, a_scale = ptpc_quantize_triton(
-            torch.randn(num_tokens, in_features, dtype=torch.bfloat16), _fp8_dtype())
-        w_q = torch.zeros(out_features, in_features, dtype=_fp8_dtype())
-        config = pick_config(num_tokens, out_features, in_features)
-        c = torch.empty(num_tokens, out_features,
-                        dtype=torch.float32 if config.split_k > 1 else torch.bfloat16)
-        grid = (triton.cdiv(num_tokens, config.block_m) * triton.cdiv(out_features,
-                                                                      config.block_n),
-                config.split_k)
-        ptpc_gemm_kernel[grid](
-            a, w_q, a_scale, torch.ones(out_features), c, num_tokens, out_features,
-            in_features, a.stride(0), w_q.stride(0), c.stride(0),
-            BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-            GROUP_M=config.group_m, SPLIT_K=config.split_k, DOT_FP32=False,
-            num_warps=config.num_warps, num_stages=config.num_stages)
+        w_q, w_scale = quantize_weight_ptpc(torch.randn(256, in_features), _fp8_variant())
+        ptpc_linear_triton(torch.randn(s(num_tokens), in_features, dtype=torch.bfloat16), w_q,
+                           w_scale)
     return run
 
 
-def sparse_mla_fp16() -> None:
-    """FP16 products over the FP8 cache, and the kernel that scales the queries into FP16."""
-    from atomk31.triton_kernels.sparse_mla import sparse_mla_triton
-
-    num_rows, num_heads, num_blocks, block_size = 2, 16, 4, 64
-    latent_cache = torch.zeros(num_blocks, block_size, 576, dtype=_fp8_dtype())
-    slots = torch.randint(0, num_blocks * block_size, (num_rows, 256))
-    sparse_mla_triton(torch.randn(num_rows, num_heads, 576, dtype=torch.bfloat16),
-                      latent_cache, 1.0, slots, 576 ** -0.5, num_splits=2, fp16_operands=True)
-
-
-def ptpc_linear_tma() -> None:
-    """The tensor-descriptor (TMA) GEMM: chosen on sm_90 only, but portable Triton, so it is held
-    to the same AMD checks in a portable configuration: 8 warps, 2 stages, promotion per K tile
-    (Hopper's warp-specialized config needs in-kernel descriptors and a CUDA allocator; its
-    lagged-promotion config holds two partial accumulators and spills on gfx950)."""
-    from atomk31.triton_kernels.ptpc_fp8 import ptpc_quantize_triton
-    from atomk31.triton_kernels.ptpc_fp8_config import GemmConfig
-    from atomk31.triton_kernels.ptpc_fp8_tma import launch_ptpc_gemm_tma
-
-    num_tokens, in_features, out_features = 300, 512, 256
-    a, a_scale = ptpc_quantize_triton(
-        torch.randn(num_tokens, in_features, dtype=torch.bfloat16), _fp8_dtype())
-    w_q = torch.zeros(out_features, in_features, dtype=_fp8_dtype())
-    c = torch.empty(num_tokens, out_features, dtype=torch.bfloat16)
-    launch_ptpc_gemm_tma(a, w_q, a_scale, torch.ones(out_features), c,
-                         GemmConfig(128, 128, 128, num_warps=8, num_stages=2, tma=True,
-                                    promote_per_tile=True), on_interpreter=False,
-                         num_programs=1)
-
-
-def ptpc_linear_tma_hopper() -> None:
-    """The TMA GEMM in Hopper's own default config (``HOPPER_TMA_CONFIG``, paired K tiles over
-    3 stages): compiled for sm_90 only (192 KiB of shared memory and two partial accumulators
-    are Hopper's budget, not an AMD one), so it compiles nothing on AMD targets."""
-    import triton
-
-    from atomk31.triton_kernels.ptpc_fp8 import ptpc_quantize_triton
-    from atomk31.triton_kernels.ptpc_fp8_config import HOPPER_TMA_CONFIG
-    from atomk31.triton_kernels.ptpc_fp8_tma import launch_ptpc_gemm_tma
-
-    if triton.runtime.driver.active.get_current_target().backend != "cuda":
-        return
-    num_tokens, in_features, out_features = 300, 512, 256
-    a, a_scale = ptpc_quantize_triton(
-        torch.randn(num_tokens, in_features, dtype=torch.bfloat16), _fp8_dtype())
-    w_q = torch.zeros(out_features, in_features, dtype=_fp8_dtype())
-    c = torch.empty(num_tokens, out_features, dtype=torch.bfloat16)
-    launch_ptpc_gemm_tma(a, w_q, a_scale, torch.ones(out_features), c, HOPPER_TMA_CONFIG,
-                         on_interpreter=False, num_programs=1)
-
-
-def sparse_mla() -> None:
-    """FP8 latent cache, 256 selected slots: two key splits, so the combine compiles too."""
-    from atomk31.triton_kernels.sparse_mla import sparse_mla_triton
-
-    num_rows, num_heads, num_blocks, block_size = 2, 16, 4, 64
-    latent_cache = torch.zeros(num_blocks, block_size, 576, dtype=_fp8_dtype())
-    slots = torch.randint(0, num_blocks * block_size, (num_rows, 256))
-    sparse_mla_triton(torch.randn(num_rows, num_heads, 576, dtype=torch.bfloat16),
-                      latent_cache, 1.0, slots, 576 ** -0.5, num_splits=2)
-
-
-def sparse_mla_model_heads(num_rows: int) -> Callable[[], None]:
-    """The model's decode shape: 96 heads, 2048 selected rows of an FP8 latent, with the
-    launcher's own tiles (on CUDA: 16 rows take the few-row layout, 64 the value split)."""
-    def run() -> None:
+def sparse_mla(fp16_operands: bool = False) -> Callable[[Sizes], None]:
+    """FP8 latent cache, 256 selected slots: two key splits, so the combine compiles too
+    (``fp16_operands``: FP16 products over the FP8 cache, and the kernel that scales the
+    queries into FP16)."""
+    def run(s: Sizes) -> None:
+        from atomk31.triton_kernels.mla_tiles import MLATileConfig
         from atomk31.triton_kernels.sparse_mla import sparse_mla_triton
 
-        num_blocks, block_size = 32, 128
+        num_rows, num_heads, num_blocks, block_size = s(2), 16, s(4), 64
+        latent_cache = torch.zeros(num_blocks, block_size, 576, dtype=_fp8_dtype())
+        slots = torch.randint(0, num_blocks * block_size, (num_rows, 256))
+        sparse_mla_triton(torch.randn(num_rows, num_heads, 576, dtype=torch.bfloat16),
+                          latent_cache, 1.0, slots, 576 ** -0.5,
+                          MLATileConfig(num_splits=2, fp16_operands=fp16_operands))
+    return run
+
+
+def sparse_mla_model_heads(num_rows: int) -> Callable[[Sizes], None]:
+    """The model's decode shape: 96 heads, 2048 selected rows of an FP8 latent, with the
+    launcher's own tiles (on CUDA: 16 rows take the few-row layout, 64 the value split: the
+    rows pick the layout, so only the cache's block count follows the size case)."""
+    def run(s: Sizes) -> None:
+        from atomk31.triton_kernels.sparse_mla import sparse_mla_triton
+
+        num_blocks, block_size = s(31), 128
         latent_cache = torch.zeros(num_blocks, block_size, 576, dtype=_fp8_dtype())
         slots = torch.randint(0, num_blocks * block_size, (num_rows, 2048))
         sparse_mla_triton(torch.randn(num_rows, 96, 576, dtype=torch.bfloat16), latent_cache,
@@ -222,61 +152,61 @@ def sparse_mla_model_heads(num_rows: int) -> Callable[[], None]:
     return run
 
 
-def dense_mla() -> None:
+def dense_mla(s: Sizes) -> None:
+    """Requests of 4 verification rows each over a BF16 cache."""
     from atomk31.triton_kernels.dense_mla import dense_mla_triton
 
-    num_heads, num_blocks, block_size = 16, 2, 64
+    num_heads, num_blocks, block_size, requests = 16, s(3), 64, s(2)
     latent_cache = torch.zeros(num_blocks, block_size, 576, dtype=torch.bfloat16)
-    dense_mla_triton(torch.randn(4, num_heads, 576, dtype=torch.bfloat16), latent_cache, 1.0,
-                     torch.arange(num_blocks, dtype=torch.int32)[None],
-                     torch.zeros(4, dtype=torch.int32), torch.tensor([0, 70, 126, 127]),
+    last = max(s(100) - 4, 0)
+    positions = torch.tensor([last + i for _ in range(requests) for i in range(4)])
+    dense_mla_triton(torch.randn(4 * requests, num_heads, 576, dtype=torch.bfloat16),
+                     latent_cache, 1.0,
+                     torch.arange(num_blocks, dtype=torch.int32)[None].repeat(requests, 1),
+                     torch.arange(requests, dtype=torch.int32).repeat_interleave(4), positions,
                      block_size, 576 ** -0.5, rows_per_request=4)
 
 
-def topk(with_slots: bool, collect: str | None = None, **options: object) -> Callable[[], None]:
-    """Top-k of three rows (1, 3000 and 5000 long); `collect` and the launcher's `options`
-    reach the non-default stage kernels."""
-    def run() -> None:
+def topk(with_slots: bool, **options: object) -> Callable[[Sizes], None]:
+    """Top-2048 of rows from 1 position long to the full width (3 rows of up to 5000 unaligned);
+    the config `options` reach the non-default stage kernels."""
+    def run(s: Sizes) -> None:
         from atomk31.triton_kernels.topk import topk_triton
+        from atomk31.triton_kernels.topk_config import TopkConfig
 
-        num_rows, num_positions, block_size = 3, 5000, 64
-        lengths = torch.tensor([1, 3000, 5000], dtype=torch.int32)
+        num_rows, num_positions, block_size = s(3), s(5000), 64
+        lengths = torch.tensor([max(1, num_positions * r // max(num_rows - 1, 1))
+                                for r in range(num_rows)], dtype=torch.int32)
+        lengths[-1] = num_positions
         if with_slots:
             num_blocks = (num_positions + block_size - 1) // block_size
             topk_triton(torch.randn(num_rows, num_positions), 2048, lengths,
                         torch.arange(num_blocks, dtype=torch.int32)[None],
                         torch.zeros(num_rows, dtype=torch.int32), block_size)
         else:
-            if collect is not None:
-                options["collect"] = collect
-            topk_triton(torch.randn(num_rows, num_positions), 2048, lengths, **options)
+            topk_triton(torch.randn(num_rows, num_positions), 2048, lengths,
+                        config=TopkConfig(**options))
     return run
 
 
 EXAMPLES: dict[str, Callable[[], None]] = {
-    "indexer_score[fp8]": indexer_score("fp8", use_fp8_dot=False),
-    "indexer_score[fp8, fp8 dot]": indexer_score("fp8", use_fp8_dot=True),
-    "indexer_score[mxfp4]": indexer_score("mxfp4", use_fp8_dot=False),
-    "kv_write[bf16 latent, fp8 keys]": kv_write("fp8", torch.bfloat16),
-    "kv_write[fp8 latent, mxfp4 keys]": kv_write("mxfp4", torch.float8_e4m3fn),
+    **sized("indexer_score[fp8]", indexer_score("fp8")),
+    **sized("indexer_score[mxfp4]", indexer_score("mxfp4")),
+    **sized("kv_write[bf16 latent, fp8 keys]", kv_write("fp8", torch.bfloat16)),
+    **sized("kv_write[fp8 latent, mxfp4 keys]", kv_write("mxfp4", torch.float8_e4m3fn)),
     **KDA_EXAMPLES,
-    "attn_res": attn_res,
-    "gated_rms_norm": gated_rms_norm,
-    "gated_rms_norm_fp8": gated_rms_norm_fp8,
-    "ptpc_linear[decode]": ptpc_linear(3, 4096),
-    "ptpc_linear[prefill]": ptpc_linear(300, 512),
-    "ptpc_linear[tma]": ptpc_linear_tma,
-    "ptpc_linear[tma, Hopper default]": ptpc_linear_tma_hopper,
+    **sized("attn_res", attn_res),
+    **sized("gated_rms_norm", gated_rms_norm),
+    **sized("ptpc_linear[decode]", ptpc_linear(3, 4096)),
+    **sized("ptpc_linear[prefill]", ptpc_linear(300, 512)),
     **MOE_EXAMPLES,
-    "sparse_mla[fp8 cache]": sparse_mla,
-    "dense_mla": dense_mla,
-    "sparse_mla[fp16 products]": sparse_mla_fp16,
-    "sparse_mla[96 heads, 16 rows]": sparse_mla_model_heads(16),
-    "sparse_mla[96 heads, 64 rows]": sparse_mla_model_heads(64),
-    "topk": topk(with_slots=False),
-    "topk[slots]": topk(with_slots=True),
-    "topk[warp collect]": topk(with_slots=False, collect="warp"),
-    "topk[overflow kernel]": topk(with_slots=False, fuse_overflow=False),
-    "topk[fused threshold]": topk(with_slots=False, fuse_threshold=True),
-    "topk[pdl]": topk(with_slots=False, pdl=True),
+    **sized("sparse_mla[fp8 cache]", sparse_mla()),
+    **sized("dense_mla", dense_mla),
+    **sized("sparse_mla[fp16 products]", sparse_mla(fp16_operands=True)),
+    **sized("sparse_mla[96 heads, 16 rows]", sparse_mla_model_heads(16)),
+    **sized("sparse_mla[96 heads, 64 rows]", sparse_mla_model_heads(64)),
+    **sized("topk", topk(with_slots=False)),
+    **sized("topk[slots]", topk(with_slots=True)),
+    **sized("topk[overflow kernel]", topk(with_slots=False, fuse_overflow=False)),
+    **sized("topk[fused threshold]", topk(with_slots=False, fuse_threshold=True)),
 }

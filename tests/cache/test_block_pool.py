@@ -209,3 +209,17 @@ def test_hit_rate_counters() -> None:
     assert pool.hit_rate() == 0.5
     with pytest.raises(ValueError, match="need 0 <= num_hit_tokens <= num_tokens"):
         pool.record_query(4, 5)
+
+
+def test_share_takes_one_more_reference_per_block():
+    """Issue 19: forked completions (n > 1) hold the prompt's full blocks together."""
+    pool = BlockPool(4, 16)
+    blocks = pool.allocate(2)
+    pool.share(blocks)
+    assert [pool.ref_count(b) for b in blocks] == [2, 2]
+    pool.free(blocks)
+    assert pool.num_free_blocks == 2
+    pool.free(blocks)
+    assert pool.num_free_blocks == 4
+    with pytest.raises(ValueError, match="block 0 is free; share only blocks a sequence holds"):
+        pool.share([0])

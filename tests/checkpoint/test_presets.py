@@ -80,5 +80,5 @@ def test_preset_config_returns_independent_copies() -> None:
 
 def test_unknown_preset_names_the_choices() -> None:
     with pytest.raises(ValueError, match=r"unknown checkpoint preset 'huge'; expected one of "
-                                         r"\['proxy', 'tiny'\]"):
+                                         r"\['proxy', 'proxy-mini', 'tiny'\]"):
         preset_config("huge")

@@ -165,3 +165,13 @@ def test_special_id_that_is_also_a_rank_is_refused(tmp_path: Path) -> None:
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"special tokens at ids \[65\] that are also BPE ranks"):
         Tokenizer.from_pretrained(tmp_path)
+
+
+def test_token_bytes_shows_parts_of_characters(proxy: Tokenizer) -> None:
+    """Issue 19: logprob tokens need each token's own bytes (decode gives U+FFFD for a part
+    of a character)."""
+    ids = proxy.encode("🙂")
+    assert b"".join(proxy.token_bytes(t) for t in ids) == "🙂".encode()
+    assert proxy.token_bytes(proxy.token_id("<|open|>")) == b"<|open|>"
+    with pytest.raises(ValueError, match="token id 163000 is not in this tokenizer's vocabulary"):
+        proxy.token_bytes(163000)

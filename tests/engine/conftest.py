@@ -1,5 +1,6 @@
 """Engine test fixtures: a spy that records the logits of every token the model computes."""
 
+import gc
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -79,3 +80,12 @@ def assert_pools_free(llm) -> None:
 @pytest.fixture
 def pools_free() -> Callable[[object], None]:
     return assert_pools_free
+
+
+@pytest.fixture(autouse=True)
+def free_engines():
+    """An engine holds hundreds of MB, and the spies above patch methods into reference
+    cycles that only a full collection frees: collect after every test, or the suite's
+    memory grows by an engine per test."""
+    yield
+    gc.collect()

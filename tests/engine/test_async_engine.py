@@ -1,6 +1,7 @@
 """AsyncEngine: streams per request, errors before the first output, abort frees everything."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -18,12 +19,14 @@ def engine(tiny_checkpoint):
     engine.shutdown()
 
 
-def wait_until_idle(engine: AsyncEngine) -> None:
-    for _ in range(100):
+def wait_until_idle(engine: AsyncEngine, timeout_s: float = 60.0) -> None:
+    """Aborts land between steps, and a step may take seconds on a loaded machine."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
         stats = engine.stats()
         if stats.num_running == stats.num_waiting == 0:
             return
-        asyncio.run(asyncio.sleep(0.05))
+        time.sleep(0.05)
     raise AssertionError(f"engine still busy: {engine.stats()}")
 
 
@@ -119,3 +122,59 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(engine, pools_
     assert engine.is_alive
     outputs = asyncio.run(run([1, 2, 3]))            # the next request is served
     assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 5
+
+
+def test_submitted_requests_are_prefilled_in_one_step(engine, pools_free):
+    """Issue 19: the prompts of one request (a completions list) go to the engine together,
+    so that one step prefills them all."""
+    steps = []
+    original = engine.engine.step
+
+    def step():
+        steps.append(len(engine.engine.scheduler.waiting))
+        return original()
+
+    engine.engine.step = step
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+
+    async def main():
+        streams = await engine.submit([([i + 1] * 10, params, None) for i in range(6)])
+        return [[out async for out in stream] for stream in streams]
+
+    results = asyncio.run(main())
+    assert all(r[-1].finished and len(r[-1].outputs[0].token_ids) == 3 for r in results)
+    assert steps[0] == 6, steps   # the first step found all six waiting
+    wait_until_idle(engine)
+    pools_free(engine)
+
+
+def test_a_refused_batch_adds_none_of_its_requests(engine, pools_free):
+    params = SamplingParams(max_tokens=4)
+
+    async def main():
+        await engine.submit([([1, 2, 3], params, "ok"), ([1] * 600, params, "too-long")])
+
+    with pytest.raises(ValueError, match="over the context length of 512"):
+        asyncio.run(main())
+    wait_until_idle(engine)
+    pools_free(engine)
+
+
+def test_closing_or_cancelling_a_stream_aborts_its_request(engine, pools_free):
+    """Also: an output published after the caller's event loop closed must not kill the
+    engine thread (it did: `call_soon_threadsafe` raised in the engine loop)."""
+    params = SamplingParams(max_tokens=300, ignore_eos=True)
+
+    async def main():
+        first, second = await engine.submit([([5] * 30, params, None), ([6] * 30, params, None)])
+        await anext(first)
+        await first.aclose()
+        waiting = asyncio.ensure_future(anext(second))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+
+    asyncio.run(main())
+    wait_until_idle(engine)
+    pools_free(engine)
+    assert engine.is_alive

@@ -181,13 +181,14 @@ def test_padded_bucketed_batch_equals_the_eager_step(tiny_checkpoint):
                     diff = (padded[:, real].float() - eager[:, real].float()).abs().max()
                     assert diff <= 1e-5 * eager[:, real].abs().max(), (padded.shape, diff)
             checked.add(context)
-            sampled = [(item, int(got[i].argmax()), None) for i, item in enumerate(scheduled)]
+            sampled = [(item.seq, int(got[i].argmax()), None)
+                       for i, item in enumerate(scheduled)]
         engine.scheduler.complete(scheduled)
-        for item, token, _ in sampled:
-            item.seq.append_token(token, None)
-            engine.stop_checker.check(item.seq, engine.config.max_model_len)
-            if item.seq.is_finished:
-                engine.scheduler.finish(item.seq)
+        for seq, token, _ in sampled:
+            seq.append_token(token, None)
+            engine.stop_checker.check(seq, engine.config.max_model_len)
+            if seq.is_finished:
+                engine.scheduler.finish(seq)
     assert checked >= {64, 256}, checked      # both sides of the top-k edge were run
 
 

@@ -77,7 +77,7 @@ def test_prefix_cache_inside_one_batch_and_with_n(tiny_checkpoint, pools_free):
                 enable_prefix_caching=False).generate([prompt], GREEDY)[0].outputs[0].token_ids
     for out in outs:
         assert [c.index for c in out.outputs] == [0, 1, 2]
-        assert all(c.token_ids == alone[:4] for c in out.outputs)
+        assert [c.token_ids for c in out.outputs] == [alone[:4]] * 3
     pools_free(llm)
 
 
@@ -144,4 +144,27 @@ def test_abort_frees_everything(tiny_checkpoint, pools_free):
     engine.step()
     engine.abort_request("a")
     engine.abort_request("b")
+    pools_free(llm)
+
+
+def test_prompt_logprobs_over_chunks_equal_the_oracle(tiny_checkpoint, pools_free):
+    """Issue 19 (lm-eval's loglikelihood needs them): the logprob of every prompt token given
+    the ones before it, computed across prefill chunks of 32 tokens and never skipped by the
+    prefix cache (a second identical request computes its whole prompt again)."""
+    prompt = prompts_of((60,), seed=8)[0]
+    logprobs = ReferenceModel.from_pretrained(tiny_checkpoint, index_key_format="fp8").forward(
+        torch.tensor(prompt)).log_softmax(-1)
+    llm = LLM(tiny_checkpoint, block_size=16, kernel_backend="torch", max_num_batched_tokens=32,
+              kv_cache_memory=192 << 20)
+    params = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=3, ignore_eos=True)
+    for attempt in range(2):
+        [out] = llm.generate([prompt], params)
+        entries = out.prompt_logprobs
+        assert out.num_cached_tokens == 0 and entries[0] is None and len(entries) == 60
+        got = torch.tensor([e.logprob for e in entries[1:]])
+        expected = logprobs[torch.arange(59), torch.tensor(prompt[1:])]
+        assert (got - expected).abs().max() < 2e-3, attempt
+        assert all(e.token_id == t and len(e.top_token_ids) == 3
+                   for e, t in zip(entries[1:], prompt[1:]))
+        assert [e.top_token_ids[0] for e in entries[1:]] == logprobs[:59].argmax(-1).tolist()
     pools_free(llm)

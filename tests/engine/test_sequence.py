@@ -113,3 +113,15 @@ def test_completion_output_with_logprobs_sums_them() -> None:
     assert out.cumulative_logprob == pytest.approx(-1.75)
     assert [lp.token_id for lp in out.logprobs] == [4, 6]
     assert out.finish_reason is None and not out.finished
+
+
+def test_fork_continues_from_the_parents_computed_prompt() -> None:
+    """Issue 19: n > 1 completions fork from one prefill."""
+    params = SamplingParams(n=2, prompt_logprobs=1)
+    parent, child = Sequence("r", [1, 2, 3], params), Sequence("r", [1, 2, 3], params, index=1)
+    parent.num_computed_tokens = 3
+    parent.fork(child)
+    assert (child.num_computed_tokens, child.status) == (3, SequenceStatus.RUNNING)
+    assert parent.needs_prompt_logprobs and parent.prompt_logprobs == [None] * 3
+    with pytest.raises(ValueError, match="cannot fork from .*: their prompts differ"):
+        parent.fork(Sequence("r", [1, 2, 4], params, index=1))

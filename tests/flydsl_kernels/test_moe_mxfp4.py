@@ -92,19 +92,32 @@ def test_quantize_mx_fp8_round_trips_within_e4m3_precision_without_saturating():
 
 @needs_flydsl
 def test_group_pairs_sorts_by_expert_and_pads_each_run_to_16():
-    from flydsl_kernels.moe_mxfp4 import group_pairs
+    from flydsl_kernels.moe_mxfp4 import group_pairs, max_tiles
 
     topk_ids = torch.tensor([[2, 0], [2, 1], [0, 2]], dtype=torch.int32)
     weights = torch.arange(6, dtype=torch.float32).reshape(3, 2) + 1.0
     pair_tokens, pair_weights, tile_experts = group_pairs(topk_ids, weights, num_experts=4)
-    assert tile_experts.tolist() == [0, 1, 2]  # expert 3 is unused: no tile
-    assert pair_tokens.shape == (48,)
+    # the grid is the host's worst case (1 tile of pairs + 1 per possibly used expert), not
+    # read back from the device: expert 3 is unused, so the last two tiles are padding
+    assert max_tiles(6, 4) == 5 and pair_tokens.shape == (80,)
+    assert tile_experts.tolist() == [0, 1, 2, 3, 3]
+    assert (pair_tokens[48:] == -1).all() and float(pair_weights[48:].abs().sum()) == 0.0
     assert pair_tokens[:3].tolist() == [0, 2, -1]
     assert pair_tokens[16:18].tolist() == [1, -1]
     assert pair_tokens[32:36].tolist() == [0, 1, 2, -1]
     assert pair_weights[:2].tolist() == [2.0, 5.0]
     assert pair_weights[32:35].tolist() == [1.0, 3.0, 6.0]
     assert float(pair_weights[pair_tokens < 0].abs().sum()) == 0.0
+
+
+@needs_flydsl
+def test_sum_pairs_adds_each_pair_row_to_its_token_and_drops_padding():
+    from flydsl_kernels.moe_mxfp4 import sum_pairs
+
+    pair_tokens = torch.tensor([1, -1, 0, 1, -1], dtype=torch.int32)
+    y = torch.tensor([[1.0, 2.0], [float("nan"), 7.0], [3.0, 4.0], [5.0, 6.0], [9.0, 9.0]])
+    u = sum_pairs(y, pair_tokens, num_tokens=3)
+    assert torch.equal(u, torch.tensor([[3.0, 4.0], [6.0, 8.0], [0.0, 0.0]]))
 
 
 @needs_flydsl

@@ -2,8 +2,9 @@
 
 The kernel quantizes each query head to e4m3 and rounds P to bf16 (flydsl_kernels/
 sparse_mla.py docstring), so the reference gets the same e4m3 queries (dequantized) and the
-tolerance is bf16-level. On the CPU: the host-side query quantization. The kernel's gfx950
-ISA is checked in tests/amd_compile/test_flydsl_compile.py.
+tolerance is bf16-level; the cache is a contiguous one and the engine's strided pool view. On
+the CPU: the host-side query quantization and the latent's span view. The kernel's gfx950
+compile with the engine's tensors and its ISA: tests/amd_compile/test_flydsl_compile.py.
 """
 
 import importlib.util
@@ -11,6 +12,7 @@ import importlib.util
 import pytest
 import torch
 
+from atomk31.cache.layout import CacheLayoutSpec, PackedLayout
 from atomk31.ops.sparse_mla import sparse_mla_torch
 
 needs_flydsl = pytest.mark.skipif(importlib.util.find_spec("flydsl") is None,
@@ -30,18 +32,53 @@ def test_prepare_queries_round_trips_to_e4m3_with_folded_scales():
     assert float(values.abs().amax()) == 448.0
 
 
+def engine_latent(num_blocks: int, block_size: int, device: str = "cpu") -> torch.Tensor:
+    """Layer 1's latent page of a 2-layer FP8 pool (a block stride of the whole row)."""
+    layout = PackedLayout(CacheLayoutSpec(block_size=block_size, num_mla_layers=2))
+    return layout.layer_view(layout.allocate(num_blocks, device), 1).latent
+
+
+@needs_flydsl
+def test_latent_span_reads_the_engine_view_in_place():
+    from flydsl_kernels.sparse_mla import latent_span
+
+    latent = engine_latent(5, 16)
+    latent.view(torch.uint8)[3, 7] = torch.arange(576, dtype=torch.int64).remainder(251).to(
+        torch.uint8)
+    span, stride_block_words, stride_token_words = latent_span(latent)
+    assert span.data_ptr() == latent.data_ptr() and span.dim() == 1
+    assert stride_block_words * 8 == latent.stride(0) and stride_token_words == 72
+    row = 3 * stride_block_words * 8 + 7 * stride_token_words * 8
+    assert torch.equal(span[row:row + 576], latent.view(torch.uint8)[3, 7])
+    assert span.view(torch.int64).numel() * 8 == span.numel()
+
+
+@needs_flydsl
+def test_latent_span_refuses_rows_off_8_byte_words():
+    from flydsl_kernels.sparse_mla import latent_span
+
+    unaligned = torch.zeros(2, 16, 580, dtype=torch.float8_e4m3fn)[:, :, 4:]
+    with pytest.raises(ValueError, match="rows must be dense and 8-byte aligned"):
+        latent_span(unaligned)
+
+
 @pytest.mark.amd
 @needs_flydsl
-@pytest.mark.parametrize("num_heads,num_selected", [(16, 64), (12, 2048), (20, 37)],
-                         ids=["H16-k64", "H12-k2048", "H20-k37-ragged"])
-def test_sparse_mla_flydsl_matches_torch(num_heads, num_selected):
+@pytest.mark.parametrize("num_heads,num_selected,engine_view",
+                         [(16, 64, False), (12, 2048, False), (20, 37, False), (96, 300, True)],
+                         ids=["H16-k64", "H12-k2048", "H20-k37-ragged", "H96-k300-pool-view"])
+def test_sparse_mla_flydsl_matches_torch(num_heads, num_selected, engine_view):
     from flydsl_kernels.sparse_mla import prepare_queries, sparse_mla_flydsl
 
     generator = torch.Generator().manual_seed(num_heads + num_selected)
     device = torch.device("cuda")
     num_blocks, block_size, num_rows = 40, 64, 5
-    latent = (torch.randn(num_blocks, block_size, 576, generator=generator)
-              .clamp(-8, 8).to(torch.float8_e4m3fn).to(device))
+    rows = (torch.randn(num_blocks, block_size, 576, generator=generator)
+            .clamp(-8, 8).to(torch.float8_e4m3fn).to(device))
+    latent = rows
+    if engine_view:  # the engine's pool view: rows strided by the whole packed block row
+        latent = engine_latent(num_blocks, block_size, "cuda")
+        latent.copy_(rows)
     q = torch.randn(num_rows, num_heads, 576, generator=generator).to(device)
     slots = torch.randint(0, num_blocks * block_size, (num_rows, num_selected),
                           generator=generator, dtype=torch.int32).to(device)

@@ -138,3 +138,15 @@ def test_dense_mla_torch_rejects_request_outside_block_table():
     with pytest.raises(ValueError, match=r"row_request must index the block table's 1 requests"):
         dense_mla_torch(torch.zeros(1, NUM_HEADS, 576), cache, 1.0, block_table,
                         torch.tensor([1]), torch.tensor([2]), 16, SOFTMAX_SCALE)
+
+
+def test_check_dense_mla_refuses_another_block_size_than_the_pages():
+    """The op's host check, run before every kernel (the launchers do not repeat it)."""
+    from atomk31.ops.dense_mla import check_dense_mla
+
+    cache = torch.zeros(2, 16, 576, dtype=torch.bfloat16)
+    args = (torch.zeros(1, 2, 576), cache, 1.0, torch.zeros(1, 1, dtype=torch.int32),
+            torch.tensor([0]), torch.tensor([2]))
+    with pytest.raises(ValueError, match="pages hold 16 tokens but block_size is 32"):
+        check_dense_mla(*args, 32, 0.1)
+    check_dense_mla(*args, 16, 0.1, max_position=2, rows_per_request=1)

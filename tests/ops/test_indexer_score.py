@@ -158,3 +158,18 @@ def test_indexer_score_torch_rejects_query_of_wrong_head_dim():
         indexer_score_torch(torch.zeros(1, NUM_INDEX_HEADS, 64), torch.zeros(1, NUM_INDEX_HEADS),
                             values, scales, "fp8", "e4m3fn", block_table,
                             torch.tensor([0]), torch.tensor([2]), 16)
+
+
+def test_check_indexer_score_refuses_wrong_head_weights_and_pages():
+    """The op's host check, run before every kernel (the launchers do not repeat it)."""
+    from atomk31.ops.indexer_score import check_indexer_score
+
+    values = torch.zeros(2, 16, 128, dtype=torch.float8_e4m3fn)
+    scales = torch.zeros(2, 16)
+    args = (values, scales, "fp8", "e4m3fn", torch.zeros(1, 2, dtype=torch.int32),
+            torch.tensor([0], dtype=torch.int32), torch.tensor([2]))
+    with pytest.raises(ValueError, match=r"head_weights must be \[Nq=1, H_I=4\], got \[1, 3\]"):
+        check_indexer_score(torch.zeros(1, 4, 128), torch.zeros(1, 3), *args, 16)
+    with pytest.raises(ValueError, match=r"pages hold 16 tokens but block_size is 32"):
+        check_indexer_score(torch.zeros(1, 4, 128), torch.zeros(1, 4), *args, 32)
+    check_indexer_score(torch.zeros(1, 4, 128), torch.zeros(1, 4), *args, 16)

@@ -25,19 +25,22 @@ def test_gfx950_runs_the_amd_kernels():
     kernels = tables("gfx950")
     eager, graph = kernels.eager, kernels.graph
     assert kernels.backend == "amd"
-    assert chosen(eager, "indexer_score") == ("amd", "gluon_kernels.indexer_score.indexer_score_gluon")
+    # the Gluon indexer in both tables: its launch sizes its row groups on the host
+    for table in (eager, graph):
+        assert chosen(table, "indexer_score") == \
+            ("amd", "gluon_kernels.amd.indexer_score.indexer_score_gluon")
     assert chosen(eager, "topk_slots") == ("amd", "atomk31.ops.amd_adapters.topk_slots_radix")
     assert chosen(graph, "topk_slots") == ("amd", "atomk31.ops.amd_adapters.topk_slots_radix")
     assert chosen(eager, "sparse_mla", "many_rows") == \
         ("amd", "flydsl_kernels.sparse_mla.sparse_mla_flydsl")
     assert chosen(eager, "sparse_mla", "few_rows")[0] == "triton"
-    assert chosen(eager, "moe_experts_mxfp4") == \
-        ("amd", "atomk31.ops.amd_adapters.moe_experts_mxfp4_flydsl")
     assert chosen(eager, "rms_norm") == ("amd", "atomk31.ops.amd_adapters.rms_norm_aiter")
-    # kernels a capture cannot hold give way to Triton in graph steps, and say why
-    assert chosen(graph, "moe_experts_mxfp4")[0] == "triton"
-    skipped = graph.choice("moe_experts_mxfp4").skipped[0]
-    assert skipped.target == "amd" and "reads its grid size back" in skipped.reason
+    # the routed MoE on FlyDSL in every shape class, in graph steps too (its grid is sized on
+    # the host: nothing a capture cannot hold)
+    for table in (eager, graph):
+        for shape in ("few_tokens", "small_groups", "large_groups"):
+            assert chosen(table, "moe_experts_mxfp4", shape) == \
+                ("amd", "atomk31.ops.amd_adapters.moe_experts_mxfp4_flydsl"), (table.step, shape)
 
 
 def test_gfx942_has_no_flydsl_and_an_fnuz_latent():
@@ -47,7 +50,15 @@ def test_gfx942_has_no_flydsl_and_an_fnuz_latent():
     reason = kernels.eager.choice("sparse_mla", "many_rows").skipped[0].reason
     assert reason == "needs gfx950, got gfx942"
     assert chosen(kernels.eager, "indexer_score")[0] == "amd"
-    assert chosen(kernels.eager, "moe_experts_mxfp4")[0] == "triton"
+    assert chosen(kernels.graph, "indexer_score")[0] == "amd"
+    assert chosen(kernels.eager, "moe_experts_mxfp4", "large_groups")[0] == "triton"
+
+
+def test_gfx942_keeps_mxfp4_index_keys_off_the_gluon_indexer():
+    context = KernelContext(Target.named("gfx942"), index_format="mxfp4")
+    eager = select_kernels("amd", context).eager
+    assert chosen(eager, "indexer_score")[0] == "triton"
+    assert "no FP4 there" in eager.choice("indexer_score").skipped[0].reason
 
 
 def test_sm90_takes_the_hopper_kernels_and_the_gluon_indexer_only_in_graphs():
@@ -57,9 +68,19 @@ def test_sm90_takes_the_hopper_kernels_and_the_gluon_indexer_only_in_graphs():
     assert chosen(eager, "indexer_score")[0] == "triton"
     assert "host time" in eager.choice("indexer_score").skipped[0].reason
     assert chosen(graph, "indexer_score") == \
-        ("hopper", "gluon_kernels.indexer_score_hopper_launch.indexer_score_hopper")
-    for op in ("dense_mla", "ptpc_linear"):
-        assert chosen(eager, op)[0] == chosen(graph, op)[0] == "hopper", op
+        ("hopper", "gluon_kernels.hopper.indexer_score.indexer_score_hopper")
+    assert chosen(graph, "sparse_mla", "few_rows") == \
+        ("hopper", "gluon_kernels.hopper.sparse_mla.sparse_mla_hopper")
+    assert chosen(graph, "dense_mla") == \
+        ("hopper", "gluon_kernels.hopper.dense_mla.dense_mla_hopper")
+    assert chosen(eager, "dense_mla")[0] == chosen(graph, "dense_mla")[0] == "hopper"
+    # PTPC: the Gluon kernel for many-row GEMMs (eager: the large ones), the pointer kernel for
+    # decode rows and narrow outputs (tests/ops/test_linear.py has the whole table)
+    assert chosen(eager, "ptpc_linear", "large_gemm") == \
+        ("hopper", "gluon_kernels.hopper.ptpc_fp8_launch.ptpc_linear_hopper")
+    assert chosen(graph, "ptpc_linear", "small_gemm")[0] == "hopper"
+    assert chosen(eager, "ptpc_linear", "small_gemm")[0] == "triton"
+    assert chosen(graph, "ptpc_linear", "few_rows")[0] == "triton"
     for shape in ("few_rows", "many_rows"):
         assert chosen(graph, "sparse_mla", shape)[0] == "hopper"
     assert kernels.why_no_graphs(ops_called={"indexer_score", "sparse_mla"}) is None
@@ -88,7 +109,7 @@ def test_info_prints_both_tables_for_a_target_that_is_not_here(target, capsys):
     assert "eager steps:" in out and ("graph steps:" in out) == (target != "cpu")
     if target == "gfx950":
         assert "flydsl_kernels.sparse_mla.sparse_mla_flydsl" in out
-        assert "passed over: amd moe_experts_mxfp4_flydsl: the FlyDSL launch reads" in out
+        assert "atomk31.ops.amd_adapters.moe_experts_mxfp4_flydsl" in out
 
 
 def test_info_refuses_an_unknown_target(capsys):

@@ -135,3 +135,15 @@ def test_sparse_mla_torch_rejects_unabsorbed_query():
     with pytest.raises(ValueError, match=expected):
         sparse_mla_torch(torch.zeros(1, NUM_HEADS, 192), cache, 1.0,
                          torch.zeros(1, 4, dtype=torch.int32), SOFTMAX_SCALE)
+
+
+def test_check_sparse_mla_refuses_an_unabsorbed_query():
+    """The op's host check, run before every kernel (the launchers do not repeat it)."""
+    from atomk31.ops.sparse_mla import check_sparse_mla
+
+    cache = torch.zeros(2, 16, 576)
+    with pytest.raises(ValueError, match=r"q must be \[Nq=1, H, 576\] absorbed queries"):
+        check_sparse_mla(torch.zeros(1, 4, 192), cache, 1.0,
+                         torch.zeros(1, 4, dtype=torch.int32), 0.1)
+    check_sparse_mla(torch.zeros(1, 4, 576), cache, 1.0, torch.zeros(1, 4, dtype=torch.int32),
+                     0.1)

@@ -113,3 +113,19 @@ def test_check_paged_rows_rejects_block_size_not_power_of_two():
     with pytest.raises(ValueError, match=r"block_size must be a power of two, got 96"):
         check_paged_rows(torch.zeros(1, 2, dtype=torch.int32), torch.tensor([0]),
                          torch.tensor([4]), 96)
+
+
+def test_check_topk_refuses_slots_of_a_block_size_not_a_power_of_two():
+    """The op's host check of topk_slots, run before every kernel."""
+    from atomk31.ops.topk import check_topk
+
+    args = (torch.zeros(1, 5), 2, torch.tensor([5]), torch.zeros(1, 1, dtype=torch.int32),
+            torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"block_size must be a power of two, got 96"):
+        check_topk(*args, 96)
+    with pytest.raises(ValueError, match=r"expected block_table \[N, max_blocks\] and "
+                                         r"row_request \[Nq=1\]"):
+        check_topk(torch.zeros(1, 5), 2, torch.tensor([5]), torch.zeros(1, 1, dtype=torch.int32),
+                   torch.zeros(2, dtype=torch.int32), 64)
+    check_topk(*args, 64)
+    check_topk(torch.zeros(1, 5), 2, torch.tensor([5]))

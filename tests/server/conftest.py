@@ -24,6 +24,7 @@ from atomk31.engine.outputs import CompletionOutput, RequestOutput
 from atomk31.engine.sampling_params import SamplingParams
 from loopback_server import LiveServer
 from server.app import create_app
+from live_server import LiveServer
 
 MODEL_NAME = "tiny-test"
 POOLS_FREE_TIMEOUT_S = 10.0
@@ -91,6 +92,10 @@ class ScriptedEngine:
                            state_usage=0.0, prefix_hit_rate=0.0, num_free_blocks=1,
                            num_blocks=1, num_free_state_slots=1)
 
+    async def submit(self, requests: list[tuple[list[int], SamplingParams, str]]) -> list:
+        return [self.generate(prompt, params, request_id) for prompt, params, request_id
+                in requests]
+
     async def generate(self, prompt: list[int], params: SamplingParams,
                        request_id: str) -> AsyncIterator[RequestOutput]:
         self.prompts.append(list(prompt))
@@ -124,6 +129,13 @@ def scripted_server(tiny_tokenizer: Tokenizer) -> Iterator[tuple[LiveServer, Scr
     server = LiveServer(create_app(None, MODEL_NAME, engine=engine))
     yield server, engine
     server.stop()
+
+
+@pytest.fixture
+def scripted_engine(tiny_tokenizer: Tokenizer):
+    """Factory: `scripted_engine(max_model_len=...)` -> a fresh ScriptedEngine."""
+    stop_ids = {tiny_tokenizer.token_id("<|end_of_msg|>"), tiny_tokenizer.token_id("[EOS]")}
+    return lambda max_model_len=4096: ScriptedEngine(tiny_tokenizer, stop_ids, max_model_len)
 
 
 @pytest.fixture

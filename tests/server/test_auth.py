@@ -46,3 +46,23 @@ def test_right_key_is_served_by_the_openai_client(keyed_server):
 @pytest.mark.parametrize("path", ["/health", "/metrics"])
 def test_health_and_metrics_need_no_key(keyed_server, path):
     assert httpx.get(keyed_server.base_url + path, timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"", b"[1, 2]", b'{"model": 3}'],
+                         ids=["broken-json", "empty", "not-an-object", "wrong-types"])
+def test_the_key_is_checked_before_the_body_is_parsed(keyed_server, body):
+    """Issue 19: without a key, an invalid body got 400 instead of 401 (the body was parsed
+    before the key was checked)."""
+    response = httpx.post(keyed_server.base_url + "/v1/chat/completions", content=body,
+                          headers={"content-type": "application/json"}, timeout=30)
+    assert response.status_code == 401, response.text
+    assert response.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_x_api_key_header_is_accepted_too(keyed_server):
+    headers = {"x-api-key": KEY}
+    assert httpx.get(keyed_server.base_url + "/v1/models", headers=headers,
+                     timeout=30).status_code == 200
+    headers = {"x-api-key": "wrong", "Authorization": f"Bearer {KEY}"}
+    assert httpx.get(keyed_server.base_url + "/v1/models", headers=headers,
+                     timeout=30).status_code == 401

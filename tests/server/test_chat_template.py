@@ -358,3 +358,22 @@ def test_render_chat_rejects_bad_input(messages, options, message):
     with pytest.raises(ChatTemplateError, match=message) as error:
         render_chat(messages, **options)
     assert isinstance(error.value, ValueError)
+
+
+def test_render_chat_text_parts_are_one_segment_each(tokenizer):
+    """Issue 19: content given as text parts was merged into one segment, so its token ids
+    differed from the release's renderer (§1, §2.1: one segment per part)."""
+    parts = [{"type": "text", "text": "Hello "}, {"type": "text", "text": ""},
+             {"type": "text", "text": "world"}]
+    for role in ("system", "user", "tool", "assistant"):
+        messages = [{"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "", "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "f"}}]},
+                    {"role": role, "content": parts, "tool_call_id": "c1"}]
+        segments = render_chat(messages, add_generation_prompt=False)
+        i = segments.index(("Hello ", False))
+        assert segments[i + 1] == ("world", False), role
+        as_string = render_chat(messages[:2] + [dict(messages[2], content="Hello world")],
+                                add_generation_prompt=False)
+        assert segments_text(segments) == segments_text(as_string)
+        assert tokenizer.encode_segments(segments) != tokenizer.encode_segments(as_string)

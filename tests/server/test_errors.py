@@ -139,7 +139,6 @@ BAD_REQUESTS = [
     ("completions-logprobs-too-many", COMPLETIONS, completion(logprobs=21), 400, "logprobs"),
     ("completions-suffix", COMPLETIONS, completion(suffix="!"), 400, None),
     ("completions-best-of", COMPLETIONS, completion(best_of=3), 400, None),
-    ("completions-echo-with-logprobs", COMPLETIONS, completion(echo=True, logprobs=1), 400, None),
     ("completions-context-length-exceeded", COMPLETIONS,
      completion(prompt=[5] * 4000, max_tokens=200), 400, "prompt"),
     ("completions-unknown-model", COMPLETIONS, completion(model="davinci"), 404, "model"),
@@ -242,3 +241,20 @@ def test_server_still_serves_after_bad_input(live_server):
 def test_param_named_by_a_renderer_message(message, param):
     fields = frozenset({"messages", "tools", "tool_choice"})
     assert param_named_by(message, fields) == param
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+def test_unknown_model_404_bounds_the_echoed_name(live_server, path):
+    """Issue 19: a 404 for an unknown model echoed a 1 MB model name in full."""
+    name = "m" * 1_000_000
+    body = chat(model=name) if path == CHAT else completion(model=name)
+    with httpx.Client(base_url=live_server.base_url, timeout=30) as client:
+        response = client.post(path, json=body)
+    error = assert_error_shape(response, 404)
+    assert len(response.content) < 1000 and "(1000000 characters)" in error["message"]
+
+
+def test_unknown_route_404_bounds_the_echoed_path(live_server):
+    with httpx.Client(base_url=live_server.base_url, timeout=30) as client:
+        response = client.get("/v1/" + "p" * 5000)
+    assert len(assert_error_shape(response, 404)["message"]) < 300

@@ -79,19 +79,18 @@ def test_defaults_are_the_engine_defaults():
 def test_bad_flags_exit_2_listing_every_problem(tiny_checkpoint, caplog):
     args = parse(["--model", str(tiny_checkpoint), "--block-size", "96", "--max-num-seqs", "0"])
     with caplog.at_level(logging.ERROR, logger="server.launch"):
-        assert launch.serve(args) == 2
+        assert launch.serve(args, default_model=lambda: tiny_checkpoint) == 2
     assert "block_size must be a power of two, got 96" in caplog.text
     assert "max_num_seqs must be >= 1, got 0" in caplog.text
 
 
 def test_empty_api_key_exits_2(tiny_checkpoint):
-    assert launch.serve(parse(["--model", str(tiny_checkpoint), "--api-key", ""])) == 2
+    assert launch.serve(parse(["--model", str(tiny_checkpoint), "--api-key", ""]),
+                        default_model=lambda: tiny_checkpoint) == 2
 
 
 def test_without_model_serves_the_built_in_checkpoint(monkeypatch, tiny_checkpoint):
     import uvicorn
-
-    import atomk31.cli
 
     started = {}
 
@@ -103,9 +102,8 @@ def test_without_model_serves_the_built_in_checkpoint(monkeypatch, tiny_checkpoi
         def run(self) -> None:
             started["app"] = started["config"].app
 
-    monkeypatch.setattr(atomk31.cli, "ensure_default_model", lambda: tiny_checkpoint)
     monkeypatch.setattr(uvicorn, "Server", FakeServer)
-    assert launch.serve(parse(["--port", "8123"])) == 0
+    assert launch.serve(parse(["--port", "8123"]), lambda: tiny_checkpoint) == 0
     app = started["app"]
     assert app.state.served_model_name == launch.DEFAULT_MODEL_NAME
     assert started["config"].port == 8123 and started["config"].host == "127.0.0.1"
@@ -168,3 +166,72 @@ def test_online_quant_config_inline_or_from_a_file(tmp_path):
     with pytest.raises(ConfigError, match="neither inline JSON nor a readable file"):
         launch.engine_config_from_args(parse(["--online-quant-config", str(tmp_path / "no")]),
                                        "/m")
+
+
+# ---- issue 19: vLLM's spellings and the request limits ----------------------------------------
+VLLM_NO_OP_FLAGS = ["--trust-remote-code", "--load-format", "safetensors",
+                    "--enable-auto-tool-choice", "--tool-call-parser", "kimi_k3",
+                    "--reasoning-parser", "kimi_k3"]
+
+
+@pytest.mark.parametrize("spelling", ["kebab", "snake"])
+def test_vllm_flags_that_mean_nothing_here_are_accepted(spelling):
+    argv = [a if spelling == "kebab" or not a.startswith("--") else "--" + a[2:].replace("-", "_")
+            for a in VLLM_NO_OP_FLAGS]
+    args = parse(argv)
+    assert launch.ignored_vllm_flags(args) == [
+        "--trust-remote-code", "--enable-auto-tool-choice", "--load-format safetensors",
+        "--tool-call-parser kimi_k3", "--reasoning-parser kimi_k3"]
+    assert launch.engine_config_from_args(args, "/m") == EngineConfig(model="/m")
+
+
+@pytest.mark.parametrize("flag, value, accepted", [
+    ("--tool-call-parser", "hermes", "kimi_k3"), ("--reasoning_parser", "deepseek_r1", "kimi_k3"),
+    ("--load-format", "gguf", "auto or safetensors"),
+])
+def test_a_wrong_vllm_flag_value_names_the_accepted_one(flag, value, accepted, capsys):
+    with pytest.raises(SystemExit):
+        parse([flag, value])
+    assert f"{value!r} is not supported" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse([flag, value])
+    assert f"pass {flag.replace('_', '-')} {accepted} or leave the flag out" in \
+        capsys.readouterr().err
+
+
+def test_ignored_vllm_flags_are_logged_once_at_start_up(monkeypatch, tiny_checkpoint, caplog):
+    import uvicorn
+
+    class FakeServer:
+        started = True
+
+        def __init__(self, config):
+            self.config = config
+
+        def run(self) -> None:
+            pass
+
+    monkeypatch.setattr(uvicorn, "Server", FakeServer)
+    with caplog.at_level(logging.INFO, logger="server.launch"):
+        assert launch.serve(parse(["--model", str(tiny_checkpoint), *VLLM_NO_OP_FLAGS])) == 0
+    lines = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
+    assert lines == ["accepted for vLLM compatibility and ignored: --trust-remote-code, "
+                     "--enable-auto-tool-choice, --load-format safetensors, --tool-call-parser "
+                     "kimi_k3, --reasoning-parser kimi_k3"]
+
+
+@pytest.mark.parametrize("spelling", ["kebab", "snake"])
+def test_limit_flags_reach_the_app(spelling):
+    names = ["max-request-body-bytes", "max-chat-messages", "max-content-parts"]
+    argv = []
+    for i, name in enumerate(names):
+        argv += ["--" + (name if spelling == "kebab" else name.replace("-", "_")), str(10 + i)]
+    assert launch.limits_from_args(parse(argv)) == launch.ServerLimits(10, 11, 12)
+    assert launch.limits_from_args(parse([])) == launch.ServerLimits()
+
+
+def test_a_bad_limit_exits_2_naming_it(tiny_checkpoint, caplog):
+    with caplog.at_level(logging.ERROR, logger="server.launch"):
+        assert launch.serve(parse(["--model", str(tiny_checkpoint),
+                                   "--max-chat-messages", "0"])) == 2
+    assert "max_chat_messages must be >= 1, got 0" in caplog.text

@@ -276,3 +276,81 @@ def test_parse_header_and_decode_argument():
     assert decode_argument(" [1] ", "array") == [1]
     assert decode_argument(" [1] ", None) == " [1] "
     assert ToolCall("i", "n", "{}") == ToolCall(id="i", name="n", arguments="{}")
+
+
+# ---- issue 19 --------------------------------------------------------------------------------
+@pytest.mark.parametrize("turn", [
+    "<|open|>think<|sep|>step<|close|>think<|sep|><|open|>response<|sep|>answer"
+    "<|close|>response<|sep|>",
+    "<|open|>think<|sep|>step<|open|>response<|sep|>answer<|close|>response<|sep|>",
+    "st<|open|>think<|sep|>ep<|close|>think<|sep|><|open|>response<|sep|>answer"
+    "<|close|>response<|sep|>",
+], ids=["whole-pair", "bare-opener", "opener-mid-reasoning"])
+def test_parser_repeated_think_opener_keeps_reasoning_and_answer(tokenizer, turn):
+    """Issue 19: a think opener inside the think channel (which the generation prompt already
+    opened) lost the reasoning as an unknown element; §5: the opener is ignored."""
+    ids = markup_ids(tokenizer, turn + "<|close|>message<|sep|><|end_of_msg|>")
+    for chunk_sizes in (None, []):
+        parser, deltas = parse(tokenizer, ids, chunk_sizes=chunk_sizes)
+        assert joined(deltas) == ("step", "answer", [])
+        assert (parser.reasoning_content, parser.content) == ("step", "answer")
+
+
+def test_parser_repeated_think_then_text_is_never_reported_as_reasoning(tokenizer):
+    """Issue 19: after a repeated pair, text outside any channel was taken as reasoning."""
+    ids = markup_ids(tokenizer, "<|open|>think<|sep|>step<|close|>think<|sep|>answer"
+                                "<|close|>message<|sep|><|end_of_msg|>")
+    assert joined(parse(tokenizer, ids)[1]) == ("step", "answer", [])
+
+
+@pytest.mark.parametrize("kind, raw", [
+    ("number", "Infinity"), ("number", "-Infinity"), ("number", "NaN"), ("number", "1e999"),
+    ("array", "[1, Infinity]"), ("object", '{"a": {"b": [NaN]}}'), ("number", " 1e999 "),
+])
+def test_parser_non_finite_argument_is_kept_as_raw_text(tokenizer, kind, raw):
+    """Issue 19: `{"p": Infinity}` came back, which strict JSON parsers reject; §3.2: the
+    value is kept as its raw text, so `arguments` is always strict JSON."""
+    argument = argument_markup("p", kind, raw) + argument_markup("q", "number", "2")
+    ids = markup_ids(tokenizer, tools_turn(call_markup("f", argument)))
+    (call,) = parse(tokenizer, ids)[0].tool_calls
+    strict = json.loads(call.arguments, parse_constant=lambda name: pytest.fail(name))
+    assert strict == {"p": raw, "q": 2}
+
+
+def test_parser_logs_a_json_child_dropped_beside_arguments(tokenizer, caplog):
+    """Issue 19: a `json` child beside `argument` children was dropped silently."""
+    children = ('<|open|>json type="object"<|sep|>{"lost": 1}<|close|>json<|sep|>'
+                + argument_markup("k", "string", "v"))
+    ids = markup_ids(tokenizer, tools_turn(call_markup("f", children)))
+    with caplog.at_level(logging.WARNING, logger="server.output_parser"):
+        (call,) = parse(tokenizer, ids)[0].tool_calls
+    assert json.loads(call.arguments) == {"k": "v"}
+    assert "a <json> child of call 'f' was dropped" in caplog.text
+    assert "Let me check." in caplog.text, "the raw turn is logged"
+
+
+def test_parser_logs_stray_text_inside_a_call(tokenizer, caplog):
+    """Issue 19: text between a call's children was dropped silently."""
+    children = "stray words" + argument_markup("k", "string", "v")
+    ids = markup_ids(tokenizer, tools_turn(call_markup("f", children)))
+    with caplog.at_level(logging.WARNING, logger="server.output_parser"):
+        (call,) = parse(tokenizer, ids)[0].tool_calls
+    assert json.loads(call.arguments) == {"k": "v"}
+    assert "discarded stray text inside <call>: 'stray words'" in caplog.text
+
+
+@pytest.mark.parametrize("engine_reason, cut, expected", [
+    ("length", True, "length"), ("stop", False, "tool_calls"), ("length", False, "tool_calls"),
+], ids=["cut-after-a-call", "complete", "closed-then-limit"])
+def test_parser_finish_reason_is_length_when_a_call_is_cut(tokenizer, engine_reason, cut,
+                                                           expected):
+    """Issue 19: a complete call followed by a call cut at max_tokens gave `tool_calls`, so the
+    client never learned that a call was lost; §3.2: `length`."""
+    turn = tools_turn(call_markup("done", ""))
+    if cut:
+        turn = turn[:turn.index("<|close|>tools")] + '<|open|>call tool="half"<|sep|>'
+    elif engine_reason == "length":
+        turn = turn.removesuffix("<|end_of_msg|>")
+    parser, _ = parse(tokenizer, markup_ids(tokenizer, turn))
+    assert [call.name for call in parser.tool_calls] == ["done"]
+    assert parser.finish_reason(engine_reason) == expected

@@ -18,27 +18,11 @@ import pytest
 
 from server.chat_template import render_chat
 
+from chat_format_example import ANSWER_TURN, TOOL_CALL_TURN, WEATHER_TOOLS
 from chat_format_example import WEATHER_MESSAGES as WEATHER_HISTORY
-from chat_format_example import WEATHER_TOOLS
 
 MODEL = "tiny-test"
 USER_HI = [{"role": "user", "content": "Hi"}]
-
-TOOL_CALL_TURN = [  # (text, is_control) as the model generates it
-    ("Need live data.", False), ("<|close|>think<|sep|><|open|>response<|sep|>", True),
-    ("<|close|>response<|sep|><|open|>tools<|sep|><|open|>call", True),
-    (' tool="get_weather" index="1"', False),
-    ("<|sep|><|open|>argument", True), (' key="city" type="string"', False), ("<|sep|>", True),
-    ("Paris", False), ("<|close|>argument<|sep|><|open|>argument", True),
-    (' key="days" type="number"', False), ("<|sep|>", True), ("2", False),
-    ("<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>", True),
-    ("<|close|>message<|sep|><|end_of_msg|>", True),
-]
-ANSWER_TURN = [
-    ("Tool says 18 C.", False), ("<|close|>think<|sep|><|open|>response<|sep|>", True),
-    ("About 18 °C in Paris.", False),
-    ("<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>", True),
-]
 
 
 def client_for(server) -> openai.OpenAI:

@@ -7,6 +7,7 @@ import torch
 
 from atomk31.ops.dense_mla import dense_mla_torch
 from atomk31.ops.kv_write import kv_write_torch
+from atomk31.triton_kernels.mla_tiles import MLATileConfig
 
 KERNEL_MODULES = ("atomk31.triton_kernels.sparse_mla", "atomk31.triton_kernels.dense_mla")
 SOFTMAX_SCALE = 192**-0.5  # §4.5
@@ -65,7 +66,8 @@ def test_dense_mla_triton_interpreter_matches_torch(interpreted, num_splits, lat
     block_table, cache = build_cache([1, 37, 41], 16, latent_dtype, seed=3)
     row_request, row_position, q = make_rows(MIXED_ROWS, 3, seed=4)
     args = (q, cache, LATENT_SCALE, block_table, row_request, row_position, 16, SOFTMAX_SCALE)
-    got_out, got_lse = interpreted.dense_mla_triton(*args, num_splits=num_splits)
+    got_out, got_lse = interpreted.dense_mla_triton(*args,
+                                                    config=MLATileConfig(num_splits=num_splits))
     want_out, want_lse = dense_mla_torch(*args)
     assert_close("out", got_out, want_out)
     assert_close("lse", got_lse, want_lse)
@@ -77,18 +79,19 @@ VERIFY_ROWS = [(1, 33), (1, 34), (1, 35), (1, 36), (2, 14), (2, 15), (2, 16), (2
 
 @pytest.mark.parametrize("latent_dtype", [torch.bfloat16, torch.float8_e4m3fn],
                          ids=lambda d: str(d)[6:])
-@pytest.mark.parametrize("rows_per_program", [None, 2, 4], ids=lambda r: f"rows{r}")
+@pytest.mark.parametrize("rows_per_request", [None, 2, 4], ids=lambda r: f"rows{r}")
 @pytest.mark.parametrize("num_splits", [1, 3], ids=lambda s: f"splits{s}")
 def test_dense_mla_triton_interpreter_grouped_rows_match_torch(interpreted, num_splits,
-                                                               rows_per_program, latent_dtype):
+                                                               rows_per_request, latent_dtype):
     # 5 heads: with 4 rows a program holds 4 x 4 query vectors, the second head block masked.
+    # rows_per_request 2 and 4: programs of 2 and 4 rows (the last run short).
     block_table, cache = build_cache([1, 37, 41], 16, latent_dtype, seed=8)
     row_request, row_position, q = make_rows(VERIFY_ROWS, 5, seed=9)
     args = (q, cache, LATENT_SCALE, block_table, row_request, row_position, 16, SOFTMAX_SCALE)
-    got_out, got_lse = interpreted.dense_mla_triton(*args, num_splits=num_splits,
-                                                    rows_per_program=rows_per_program,
-                                                    scores_via_memory=num_splits == 3,
-                                                    value_splits=2 if num_splits == 3 else 1)
+    config = MLATileConfig(num_splits=num_splits, scores_via_memory=num_splits == 3,
+                           value_splits=2 if num_splits == 3 else 1)
+    got_out, got_lse = interpreted.dense_mla_triton(*args, rows_per_request=rows_per_request,
+                                                    config=config)
     want_out, want_lse = dense_mla_torch(*args)
     assert_close("out", got_out, want_out)
     assert_close("lse", got_lse, want_lse)
@@ -106,7 +109,7 @@ def test_dense_mla_triton_interpreter_host_hints_match_torch(interpreted, max_po
     args = (q, cache, LATENT_SCALE, block_table, row_request, row_position, 16, SOFTMAX_SCALE)
     got_out, got_lse = interpreted.dense_mla_triton(*args, max_position=max_position,
                                                     rows_per_request=rows_per_request,
-                                                    num_splits=3)
+                                                    config=MLATileConfig(num_splits=3))
     want_out, want_lse = dense_mla_torch(*args)
     assert_close("out", got_out, want_out)
     assert_close("lse", got_lse, want_lse)
@@ -132,12 +135,20 @@ def test_dense_mla_triton_does_not_read_the_device(interpreted, monkeypatch):
     assert_close("lse", lse, want_lse)
 
 
-def test_dense_mla_triton_rejects_rows_per_program_across_requests(interpreted):
-    block_table, cache = build_cache([1, 37, 41], 16, torch.bfloat16, seed=3)
-    row_request, row_position, q = make_rows(MIXED_ROWS, 3, seed=4)
-    with pytest.raises(ValueError, match="rows_per_program=2 needs every 2 consecutive rows"):
-        interpreted.dense_mla_triton(q, cache, LATENT_SCALE, block_table, row_request,
-                                     row_position, 16, SOFTMAX_SCALE, rows_per_program=2)
+@pytest.mark.parametrize("lengths, num_heads", [([1], 1), ([256] * 16, 16), ([33] * 17, 3)],
+                         ids=["one-row-one-head-one-key", "sixteen", "odd"])
+def test_dense_mla_triton_interpreter_size_one_and_odd_sizes(interpreted, lengths, num_heads):
+    """Every size at 1 (Triton passes such arguments as constants), at multiples of 16 and
+    odd: one decode row per request at its last position, the engine's host hints."""
+    block_table, cache = build_cache(lengths, 16, torch.float8_e4m3fn, seed=len(lengths))
+    rows = [(r, n - 1) for r, n in enumerate(lengths)]
+    row_request, row_position, q = make_rows(rows, num_heads, seed=2)
+    args = (q, cache, LATENT_SCALE, block_table, row_request, row_position, 16, SOFTMAX_SCALE)
+    got_out, got_lse = interpreted.dense_mla_triton(*args, max_position=max(lengths) - 1,
+                                                    rows_per_request=1)
+    want_out, want_lse = dense_mla_torch(*args)
+    assert_close("out", got_out, want_out)
+    assert_close("lse", got_lse, want_lse)
 
 
 def test_dense_mla_triton_interpreter_no_rows(interpreted):
@@ -149,17 +160,10 @@ def test_dense_mla_triton_interpreter_no_rows(interpreted):
     assert out.shape == (0, 2, 512) and lse.shape == (0, 2)
 
 
-def test_dense_mla_triton_rejects_wrong_block_size(interpreted):
-    block_table, cache = build_cache([3], 16, torch.bfloat16, seed=5)
-    with pytest.raises(ValueError, match="pages hold 16 tokens but block_size is 32"):
-        interpreted.dense_mla_triton(torch.zeros(1, 2, 576), cache, 1.0, block_table,
-                                     torch.tensor([0]), torch.tensor([2]), 32, SOFTMAX_SCALE)
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows_per_program", [1, 2, 4], ids=lambda r: f"rows{r}")
+@pytest.mark.parametrize("rows_per_request", [1, 2, 4], ids=lambda r: f"rows{r}")
 @pytest.mark.parametrize("scores_via_memory", [False, True], ids=["chained", "via-memory"])
-def test_dense_mla_triton_gpu_verification_rows(rows_per_program, scores_via_memory):
+def test_dense_mla_triton_gpu_verification_rows(rows_per_request, scores_via_memory):
     from atomk31.triton_kernels.dense_mla import dense_mla_triton
 
     lengths = [1, 2049, 5000, 9001]
@@ -169,9 +173,10 @@ def test_dense_mla_triton_gpu_verification_rows(rows_per_program, scores_via_mem
     q = q.to(torch.bfloat16)
     got_out, got_lse = dense_mla_triton(q.cuda(), cache, LATENT_SCALE, block_table,
                                         row_request.cuda(), row_position.cuda(), 128,
-                                        SOFTMAX_SCALE, rows_per_program=rows_per_program,
-                                        scores_via_memory=scores_via_memory,
-                                        value_splits=2 if scores_via_memory else 1)
+                                        SOFTMAX_SCALE, rows_per_request=rows_per_request,
+                                        config=MLATileConfig(
+                                            scores_via_memory=scores_via_memory,
+                                            value_splits=2 if scores_via_memory else 1))
     want_out, want_lse = dense_mla_torch(q.float().cuda(), cache, LATENT_SCALE, block_table,
                                          row_request.cuda(), row_position.cuda(), 128,
                                          SOFTMAX_SCALE)
@@ -200,8 +205,8 @@ def test_dense_mla_triton_gpu_default_tiles(rows_per_request):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows_per_program", [1, 4], ids=lambda r: f"rows{r}")
-def test_dense_mla_triton_gpu_float32_is_exact(rows_per_program):
+@pytest.mark.parametrize("rows_per_request", [1, 4], ids=lambda r: f"rows{r}")
+def test_dense_mla_triton_gpu_float32_is_exact(rows_per_request):
     """float32 queries and latent: float32 products (the engine's float32 mode)."""
     from atomk31.triton_kernels.dense_mla import dense_mla_triton
 
@@ -211,7 +216,7 @@ def test_dense_mla_triton_gpu_float32_is_exact(rows_per_program):
     row_request, row_position, q = make_rows(rows, 96, seed=11)
     args = (q.cuda(), cache, 1.0, block_table, row_request.cuda(), row_position.cuda(), 64,
             SOFTMAX_SCALE)
-    got_out, got_lse = dense_mla_triton(*args, rows_per_program=rows_per_program)
+    got_out, got_lse = dense_mla_triton(*args, rows_per_request=rows_per_request)
     want_out, want_lse = dense_mla_torch(*args)
     assert_close("out", got_out, want_out, rtol=1e-4, atol=1e-5)
     assert_close("lse", got_lse, want_lse, rtol=1e-5, atol=1e-5)

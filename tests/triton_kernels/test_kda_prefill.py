@@ -46,56 +46,38 @@ def random_inputs(lengths, num_heads=2, head_dim=128, value_dim=128, seed=0, g_f
 
 # Output in the chunk-parallel stage 3 (the default) or fused into the sequential stage 2;
 # stage 1 in one kernel (default), with its right-hand score tiles recomputed or kept in
-# registers, or in two (scores sliced 32 or 64 channels wide, as [16, 16] tiles or as
-# [64, 16] column blocks, these with BF16 score products and 16-bit aqk/inverse).
+# registers, or in two (the wide stage 1a, kda_prefill_scores_wide.py, then stage 1b), with
+# 32- or 64-channel slices.
 SPLIT, FUSED = KdaPrefillTuning(), KdaPrefillTuning(split_output=False)
 CACHED = KdaPrefillTuning(intra_cache_right=True)
 TWO_KERNEL = KdaPrefillTuning(intra_split=True)
 WIDE_SLICES = KdaPrefillTuning(intra_split=True, scores_block_k=64, gated_block=32)
-# The column-block variants of benchmarks/kernels/bench_kda_prefill.py, same knobs.
-COLUMNS = KdaPrefillTuning(intra_split=True, scores_columns=True, compact_scores=True)
-COLUMNS_COMPACT = KdaPrefillTuning(intra_split=True, scores_columns=True, scores_bf16=True,
-                                   compact_scores=True, scores_block_k=16)
-# Stage 1a as [64, 64] accumulators (kda_prefill_scores_wide.py), 16-bit aqk/inverse, with
-# BF16 score products (fp32 under the interpreter) and 16-channel slices.
-SCORES_WIDE = KdaPrefillTuning(intra_split=True, scores_wide=True, compact_scores=True)
-SCORES_WIDE_BF16 = KdaPrefillTuning(intra_split=True, scores_wide=True, compact_scores=True,
-                                    scores_bf16=True, scores_block_k=16)
+# The wide stage 1a with 16-bit aqk/inverse, with BF16 score products (fp32 under the
+# interpreter) and 16-channel slices.
+SCORES_WIDE = KdaPrefillTuning(intra_split=True, compact_scores=True)
+SCORES_WIDE_BF16 = KdaPrefillTuning(intra_split=True, compact_scores=True, scores_bf16=True,
+                                    scores_block_k=16)
 # The same with each slice's four blocks joined into one product.
-SCORES_JOINED = KdaPrefillTuning(intra_split=True, scores_wide=True, scores_joined=True,
-                                 compact_scores=True, scores_block_k=16)
+SCORES_JOINED = KdaPrefillTuning(intra_split=True, scores_joined=True, compact_scores=True,
+                                 scores_block_k=16)
 # The chunk table planned on the GPU (no host sync).
-SCORES_WIDE_DEVICE_PLAN = KdaPrefillTuning(intra_split=True, scores_wide=True,
-                                           compact_scores=True, plan_on_device=True)
+SCORES_WIDE_DEVICE_PLAN = KdaPrefillTuning(intra_split=True, compact_scores=True,
+                                           plan_on_device=True)
 # The wide stage 1a writing the gated rows, w and u folded into stage 2 (no stage 1b).
-FOLDED = KdaPrefillTuning(intra_split=True, scores_wide=True, compact_scores=True,
-                          fold_w_u=True)
-FOLDED_BF16 = KdaPrefillTuning(intra_split=True, scores_wide=True, compact_scores=True,
-                               scores_tf32_solve=True, plan_on_device=True, fold_w_u=True,
-                               scores_bf16=True)
-# The column-block scores with the gated rows and w, u in the same kernel.
-COLUMNS_FUSED = KdaPrefillTuning(scores_columns=True, fuse_gated=True, compact_scores=True,
-                                 gated_block=32, scores_num_warps=8)
-COLUMNS_FUSED_W4 = KdaPrefillTuning(scores_columns=True, fuse_gated=True, compact_scores=True,
-                                    gated_block=32, scores_block_k=16)
+FOLDED = KdaPrefillTuning(intra_split=True, compact_scores=True, fold_w_u=True)
+FOLDED_BF16 = KdaPrefillTuning(intra_split=True, compact_scores=True, scores_tf32_solve=True,
+                               plan_on_device=True, fold_w_u=True, scores_bf16=True)
 # GPU (dtype, tuning) pairs; None: the launcher's default for the dtype (fp32: the exact
 # single-kernel stage 1, IEEE products). FP32 inputs keep IEEE products in every variant.
 GPU_CASES = pytest.mark.parametrize("dtype, tuning", [
-    (torch.float32, None), (torch.float32, TWO_KERNEL), (torch.float32, COLUMNS_FUSED),
-    (torch.bfloat16, None), (torch.bfloat16, FUSED), (torch.bfloat16, COLUMNS),
-    (torch.bfloat16, COLUMNS_COMPACT), (torch.bfloat16, COLUMNS_FUSED),
-    (torch.bfloat16, COLUMNS_FUSED_W4), (torch.bfloat16, SCORES_WIDE),
-    (torch.bfloat16, SCORES_WIDE_BF16), (torch.bfloat16, SCORES_JOINED),
-    (torch.bfloat16, FOLDED), (torch.bfloat16, FOLDED_BF16),
-], ids=["fp32-default", "fp32-two-kernel", "fp32-columns-fused", "bf16-default", "bf16-fused",
-        "bf16-columns", "bf16-columns-compact", "bf16-columns-fused", "bf16-columns-fused-w4",
-        "bf16-scores-wide", "bf16-scores-wide-bf16", "bf16-scores-joined", "bf16-folded",
-        "bf16-folded-bf16-scores"])
+    (torch.float32, None), (torch.float32, TWO_KERNEL), (torch.bfloat16, None),
+    (torch.bfloat16, FUSED), (torch.bfloat16, SCORES_WIDE), (torch.bfloat16, SCORES_WIDE_BF16),
+    (torch.bfloat16, SCORES_JOINED), (torch.bfloat16, FOLDED), (torch.bfloat16, FOLDED_BF16),
+], ids=["fp32-default", "fp32-two-kernel", "bf16-default", "bf16-fused", "bf16-scores-wide",
+        "bf16-scores-wide-bf16", "bf16-scores-joined", "bf16-folded", "bf16-folded-bf16-scores"])
 # The interpreter is slow: the stage-1 and output designs here, the tile choices in one test.
-CPU_TUNINGS = pytest.mark.parametrize("tuning", [SPLIT, FUSED, TWO_KERNEL, COLUMNS_FUSED,
-                                                 FOLDED],
-                                      ids=["split", "fused", "two-kernel", "columns-fused",
-                                           "folded"])
+CPU_TUNINGS = pytest.mark.parametrize("tuning", [SPLIT, FUSED, TWO_KERNEL, FOLDED],
+                                      ids=["split", "fused", "two-kernel", "folded"])
 
 
 @CPU_TUNINGS
@@ -112,7 +94,7 @@ def test_kda_prefill_triton_matches_torch(lengths, tuning):
     assert_relative_close("final_state", final_state, expected[1], CPU_TOLERANCE)
 
 
-# Snapshots are stage 2's business: the column-block stage 1a adds nothing here.
+# Snapshots are stage 2's business: the stage-1 variants add nothing here.
 @pytest.mark.parametrize("tuning", [SPLIT, FUSED, TWO_KERNEL, FOLDED],
                          ids=["split", "fused", "two-kernel", "folded"])
 def test_kda_prefill_triton_snapshots_cut_chunks(tuning):
@@ -130,10 +112,10 @@ def test_kda_prefill_triton_snapshots_cut_chunks(tuning):
     assert torch.equal(snapshots[3], state[1]) and torch.equal(snapshots[7], snapshots[1])
 
 
-@pytest.mark.parametrize("tuning", [SPLIT, CACHED, WIDE_SLICES, COLUMNS_FUSED, SCORES_WIDE,
-                                    SCORES_JOINED, FOLDED],
-                         ids=["split", "cached", "wide-slices", "columns-fused", "scores-wide",
-                              "scores-joined", "folded"])
+@pytest.mark.parametrize("tuning", [SPLIT, CACHED, WIDE_SLICES, SCORES_WIDE, SCORES_JOINED,
+                                    FOLDED],
+                         ids=["split", "cached", "wide-slices", "scores-wide", "scores-joined",
+                              "folded"])
 def test_kda_prefill_triton_decay_at_the_floor_stays_finite(tuning):
     # g = -5 for every token: Γ reaches -320 in a chunk, where exp(-Γ) alone overflows (§4.4).
     q, k, v, g, beta, state, bounds = random_inputs([100], seed=9)
@@ -146,10 +128,8 @@ def test_kda_prefill_triton_decay_at_the_floor_stays_finite(tuning):
     assert_relative_close("final_state", final_state, expected[1], CPU_TOLERANCE)
 
 
-@pytest.mark.parametrize("tuning", [SPLIT, TWO_KERNEL, COLUMNS_COMPACT, SCORES_WIDE_BF16,
-                                    FOLDED_BF16],
-                         ids=["split", "two-kernel", "columns-compact", "scores-wide-bf16",
-                              "folded-bf16"])
+@pytest.mark.parametrize("tuning", [SPLIT, TWO_KERNEL, SCORES_WIDE_BF16, FOLDED_BF16],
+                         ids=["split", "two-kernel", "scores-wide-bf16", "folded-bf16"])
 def test_kda_prefill_triton_odd_head_sizes(tuning):
     # K = 48, V = 40: channel slices and value blocks past the end of the head are masked.
     lengths = [33, 64]
@@ -160,14 +140,13 @@ def test_kda_prefill_triton_odd_head_sizes(tuning):
     assert_relative_close("final_state", final_state, expected[1], CPU_TOLERANCE)
 
 
-@pytest.mark.parametrize("tuning", [COLUMNS_COMPACT, SCORES_WIDE, FOLDED],
-                         ids=["columns", "scores-wide", "folded"])
+@pytest.mark.parametrize("tuning", [SCORES_WIDE, FOLDED], ids=["scores-wide", "folded"])
 def test_kda_prefill_triton_compact_scores_under_bf16_intermediates(tuning):
     # 16-bit aqk and inverse (BF16 intermediates on fp32 inputs: the interpreter's products
     # stay fp32): within BF16 rounding of the torch op.
     q, k, v, g, beta, state, bounds = random_inputs([70], seed=17)
-    compact = kda_prefill_triton(q, k, v, g, beta, state, bounds, 0.1, tuning=tuning,
-                                 intermediate_dtype=torch.bfloat16)
+    compact = kda_prefill_triton(q, k, v, g, beta, state, bounds, 0.1,
+                                 tuning=replace(tuning, intermediate_dtype=torch.bfloat16))
     expected = kda_prefill_torch(q, k, v, g, beta, state, bounds, 0.1)
     assert_relative_close("o vs torch", compact[0], expected[0], 2e-2)
     assert_relative_close("final_state vs torch", compact[1], expected[1], 2e-2)

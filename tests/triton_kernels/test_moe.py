@@ -1,10 +1,10 @@
-"""Triton MoE routing, expert sort, small-batch MXFP4 GEMVs and grouped GEMMs vs the torch ops.
+"""Triton MoE routing, expert sort, small-batch MXFP4 GEMVs and byte-decode grouped GEMMs vs the
+torch ops (the word-decode grouped GEMMs: test_moe_grouped_words.py).
 
-CPU: Triton's interpreter at small shapes (fp32 activations), the GEMVs both ways (FMA and
-tl.dot); GPU (``-m gpu``): the proxy's shapes (latent 3584, intermediate 3072, 64 experts,
-top-16) with BF16 activations, and fp32 activations held to 1e-5. The MXFP8 down activations
-(issue #6) against the torch op with the same option: exact on the interpreter (same bytes,
-fp32 products), 1e-2 on the GPU with BF16 products.
+CPU: Triton's interpreter at small shapes (fp32 activations), the GEMVs in each mode; GPU
+(``-m gpu``): the proxy's shapes (latent 3584, intermediate 3072, 64 experts, top-16) with BF16
+activations, and fp32 activations held to 1e-5, each implementation the registry may choose
+for ``moe_experts_mxfp4`` on its own and through the engine's tables.
 """
 
 import pytest
@@ -15,11 +15,12 @@ import triton.language as tl
 
 from atomk31.ops.moe import moe_experts_mxfp4_torch, moe_route_torch
 from atomk31.quant import quantize_mxfp4
-from atomk31.triton_kernels.moe_gemv import moe_experts_mxfp4_gemv_triton, to_words_order
+from atomk31.triton_kernels.moe_gemv import (GemvConfig, moe_experts_mxfp4_gemv_triton,
+                                             moe_experts_mxfp4_gemv_words_triton, to_words_order)
 from atomk31.triton_kernels.moe_gemv_tiles import words_order
-from atomk31.triton_kernels import moe_grouped_gemm
-from atomk31.triton_kernels.moe_grouped_gemm import moe_experts_mxfp4_triton
-from atomk31.triton_kernels.moe_routing import moe_route_triton, sort_pairs_by_expert
+from atomk31.triton_kernels.moe_grouped_gemm import (GroupedConfig, grouped_tiles,
+                                                     moe_experts_mxfp4_grouped_triton)
+from atomk31.triton_kernels.moe_routing import RouteConfig, moe_route_triton, sort_pairs_by_expert
 from assertions import assert_relative_close
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -33,8 +34,7 @@ def router_inputs(num_tokens, hidden, num_experts, seed):
     return x.to(DEVICE), weight.to(DEVICE), bias.to(DEVICE)
 
 
-ROUTER_LOGITS = {"fused": dict(fuse_router=True), "gemm": dict(fuse_router=False),
-                 "split": dict(split_router=True)}
+ROUTER_LOGITS = {name: RouteConfig(name) for name in ("fused", "gemm", "split")}
 
 
 @pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 16, 4), (7, 100, 16)],
@@ -45,7 +45,7 @@ def test_moe_route_triton_matches_torch(num_tokens, num_experts, top_k, renormal
     # D = 200: not a multiple of the fused kernel's D block nor of the split kernel's.
     x, weight, bias = router_inputs(num_tokens, 200, num_experts, seed=num_experts)
     expected_w, expected_ids = moe_route_torch(x, weight, bias, top_k, renormalize, 2.5)
-    w, ids = moe_route_triton(x, weight, bias, top_k, renormalize, 2.5, **router)
+    w, ids = moe_route_triton(x, weight, bias, top_k, renormalize, 2.5, router)
     assert torch.equal(ids, expected_ids)
     assert_relative_close("weights", w, expected_w, 1e-6)
 
@@ -57,9 +57,15 @@ def test_moe_route_triton_ties_go_to_lower_expert_id():
     weight[5] = weight[2]
     _, expected_ids = moe_route_torch(x, weight, bias, 4, True, 1.0)
     for router in ROUTER_LOGITS.values():
-        _, ids = moe_route_triton(x, weight, bias, 4, True, 1.0, **router)
+        _, ids = moe_route_triton(x, weight, bias, 4, True, 1.0, router)
         assert torch.equal(ids, expected_ids)
     assert ((ids == 2).int().argmax(1) < (ids == 5).int().argmax(1)).all()
+
+
+def test_moe_route_triton_refuses_an_unknown_way_to_form_the_logits():
+    x, weight, bias = router_inputs(2, 32, 8, seed=1)
+    with pytest.raises(ValueError, match="RouteConfig.logits must be one of"):
+        moe_route_triton(x, weight, bias, 2, True, 1.0, RouteConfig("cublas"))
 
 
 def test_sort_pairs_by_expert_pads_each_expert_to_the_block():
@@ -89,80 +95,26 @@ def test_moe_experts_mxfp4_triton_grouped_matches_torch(num_tokens, linear_beta)
     topk_weights, topk_ids = moe_route_torch(x, router, bias, top_k, True, 1.0)
     expected = moe_experts_mxfp4_torch(x, topk_weights, topk_ids, w13_packed, w13_scales,
                                        w2_packed, w2_scales, 4.0, linear_beta)
-    u = moe_experts_mxfp4_triton(x, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed,
-                                 w2_scales, 4.0, linear_beta, small_batch=False)
+    u = moe_experts_mxfp4_grouped_triton(x, topk_weights, topk_ids, w13_packed, w13_scales,
+                                         w2_packed, w2_scales, 4.0, linear_beta)
     assert_relative_close("u", u, expected, 1e-5)
 
 
-FP8_DOWN_CASES = {"T1-E8-k3-capped": (1, 8, 3, 25.0, torch.float32, None),
-                  "T13-E8-k2-bm16-bf16": (13, 8, 2, 25.0, torch.bfloat16, 16),
-                  "T3-E16-k1-bm32": (3, 16, 1, None, torch.float32, 32)}
+def test_moe_grouped_tiles_follow_the_pairs_per_expert():
+    """16 / 32 rows up to 32 pairs per expert (the small groups), 128 above; the byte decode's
+    128 x 64 weight tiles at 128 rows, the word decode's 128 x 128 on 8 warps."""
+    assert grouped_tiles(16 * 16, 64, words=False) == GroupedConfig(16, 64, 128, 4)
+    assert grouped_tiles(128 * 16, 64, words=False) == GroupedConfig(32, 64, 128, 4)
+    assert grouped_tiles(4096 * 16, 64, words=False) == GroupedConfig(128, 128, 64, 8)
+    assert grouped_tiles(4096 * 16, 64, words=True) == GroupedConfig(128, 128, 128, 8)
 
 
-@pytest.mark.parametrize("case", FP8_DOWN_CASES.values(), ids=FP8_DOWN_CASES.keys())
-def test_moe_experts_mxfp4_triton_fp8_down_matches_torch(case):
-    # Few tokens over 8-16 experts: most experts get no pair; pairs per expert are not
-    # multiples of the block; 1 token goes to the grouped GEMMs (the GEMVs lack the option).
-    num_tokens, num_experts, top_k, linear_beta, dtype, block_m = case
-    w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(num_experts, 128, 256, seed=16)
-    x, router, bias = router_inputs(num_tokens, 256, num_experts, seed=17)
-    topk_weights, topk_ids = moe_route_torch(x, router, bias, top_k, True, 1.0)
-    z = x.to(dtype)
-    expected = moe_experts_mxfp4_torch(z, topk_weights, topk_ids, w13_packed, w13_scales,
-                                       w2_packed, w2_scales, 4.0, linear_beta,
-                                       fp8_down_activations=True)
-    u = moe_experts_mxfp4_triton(z, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed,
-                                 w2_scales, 4.0, linear_beta, block_m=block_m,
-                                 fp8_down_activations=True)
-    assert_relative_close("u (fp8 down)", u, expected, 1e-5)
-    without = moe_experts_mxfp4_torch(z, topk_weights, topk_ids, w13_packed, w13_scales,
-                                      w2_packed, w2_scales, 4.0, linear_beta)
-    assert not torch.allclose(expected, without, rtol=0, atol=1e-6), "the option did nothing"
-
-
-def test_moe_experts_mxfp4_triton_fp8_down_through_the_registered_op():
-    w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(4, 128, 128, seed=18)
-    x, router, bias = router_inputs(2, 128, 4, seed=19)
-    topk_weights, topk_ids = moe_route_torch(x, router, bias, 2, True, 1.0)
-    weights = (w13_packed, w13_scales, w2_packed, w2_scales)
-    expected = moe_experts_mxfp4_torch(x, topk_weights, topk_ids, *weights, 4.0, 25.0,
-                                       fp8_down_activations=True)
-    u = moe_experts_mxfp4_triton(x, topk_weights, topk_ids, *weights, 4.0, 25.0,
-                                     fp8_down_activations=True)
-    assert_relative_close("u (registered, fp8 down)", u, expected, 1e-5)
-    with pytest.raises(ValueError, match="fp8_down_activations runs on the grouped GEMMs only"):
-        moe_experts_mxfp4_triton(x, topk_weights, topk_ids, *weights, 4.0, 25.0,
-                                 small_batch=True, fp8_down_activations=True)
-
-
-@pytest.mark.skipif(tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 9),
-                    reason="the interpreter runs tl.dot_scaled from triton 3.9 (3.6 cannot)")
-def test_moe_experts_mxfp4_triton_fp8_down_dot_scaled_on_interpreter(monkeypatch):
-    # The launcher refuses use_dot_scaled on the interpreter (3.6's cannot run it); pretend
-    # to be compiled so 3.9's interpreter checks the e4m3 x e2m1 operand and scale layout.
-    monkeypatch.setattr(moe_grouped_gemm, "runs_on_interpreter", lambda kernel: False)
-    w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(8, 128, 256, seed=16)
-    x, router, bias = router_inputs(5, 256, 8, seed=17)
-    topk_weights, topk_ids = moe_route_torch(x, router, bias, 3, True, 1.0)
-    weights, z = (w13_packed, w13_scales, w2_packed, w2_scales), x.bfloat16()
-    expected = moe_experts_mxfp4_torch(z, topk_weights, topk_ids, *weights, 4.0, 25.0,
-                                       fp8_down_activations=True)
-    u = moe_experts_mxfp4_triton(z, topk_weights, topk_ids, *weights, 4.0, 25.0,
-                                 use_dot_scaled=True, fp8_down_activations=True)
-    # Exact products, another summation order in the first GEMM: an h next to an e4m3
-    # rounding point may take the other step (measured: 1.3e-4).
-    assert_relative_close("u (dot_scaled, fp8 down)", u, expected, 1e-3)
-
-
-@pytest.mark.parametrize("num_tokens,mode,linear_beta,loop_stages",
-                         [(1, "fma", 25.0, 0), (3, "fma", None, 0), (5, "dot", 25.0, 0),
-                          (3, "fma_words", 25.0, 0), (2, "dot_t", 25.0, 0),
-                          (3, "dot_t", None, 4), (3, "fma_f32", None, 2),
-                          (1, "dot_t_words", 25.0, 2)],
-                         ids=["T1-fma-capped", "T3-fma-uncapped", "T5-dot-capped",
-                              "T3-fma_words-capped", "T2-dot_t-capped", "T3-dot_t-stages4",
-                              "T3-fma_f32-stages2", "T1-dot_t_words-stages2"])
-def test_moe_experts_mxfp4_gemv_matches_torch(num_tokens, mode, linear_beta, loop_stages):
+@pytest.mark.parametrize("num_tokens,mode,linear_beta",
+                         [(1, "fma", 25.0), (3, "fma", None), (2, "dot_t", 25.0),
+                          (3, "dot_t", None), (1, "dot_t_words", 25.0)],
+                         ids=["T1-fma-capped", "T3-fma-uncapped", "T2-dot_t-capped",
+                              "T3-dot_t-uncapped", "T1-dot_t_words-capped"])
+def test_moe_experts_mxfp4_gemv_matches_torch(num_tokens, mode, linear_beta):
     # 8 experts, top-3: most experts get no token (their programs exit early); at 1 and 2
     # tokens fewer slots than experts (programs per slot). Dl = 192: not a multiple of 128.
     num_experts, top_k = 8, 3
@@ -172,8 +124,8 @@ def test_moe_experts_mxfp4_gemv_matches_torch(num_tokens, mode, linear_beta, loo
     expected = moe_experts_mxfp4_torch(x, topk_weights, topk_ids, w13_packed, w13_scales,
                                        w2_packed, w2_scales, 4.0, linear_beta)
     u = moe_experts_mxfp4_gemv_triton(x, topk_weights, topk_ids, w13_packed, w13_scales,
-                                      w2_packed, w2_scales, 4.0, linear_beta, mode=mode,
-                                      block_n=32, block_k=64, loop_stages=loop_stages)
+                                      w2_packed, w2_scales, 4.0, linear_beta,
+                                      config=GemvConfig(mode=mode, block_n=32, block_k=64))
     assert_relative_close("u", u, expected, 1e-5)
 
 
@@ -194,9 +146,9 @@ def test_moe_experts_mxfp4_gemv_words_matches_torch(num_tokens, block_k, dtype):
     z = (x * 2.0 ** -20).to(dtype)                          # h stays finite with these scales
     expected = moe_experts_mxfp4_torch(z, topk_weights, topk_ids, w13_packed, w13_scales,
                                        w2_packed, w2_scales, 4.0, 25.0)
-    u = moe_experts_mxfp4_gemv_triton(z, topk_weights, topk_ids, w13_packed, w13_scales,
-                                      w2_packed, w2_scales, 4.0, 25.0, mode="dot_t_words",
-                                      block_n=64, block_k=block_k)
+    u = moe_experts_mxfp4_gemv_words_triton(z, topk_weights, topk_ids, w13_packed, w13_scales,
+                                            w2_packed, w2_scales, 4.0, 25.0,
+                                            config=GemvConfig(block_n=64, block_k=block_k))
     assert_relative_close("u", u, expected, 1e-5 if dtype == torch.float32 else 1e-2)
 
 
@@ -218,9 +170,10 @@ def test_moe_experts_mxfp4_gemv_gathered_rows_match_torch(case):
     topk_weights, topk_ids = moe_route_torch(x, router, bias, top_k, True, 1.0)
     expected = moe_experts_mxfp4_torch(x, topk_weights, topk_ids, w13_packed, w13_scales,
                                        w2_packed, w2_scales, 4.0, 25.0)
+    config = GemvConfig(mode=mode, block_n=32, block_k=block_k, gather_rows=True,
+                        block_m=block_m)
     u = moe_experts_mxfp4_gemv_triton(x, topk_weights, topk_ids, w13_packed, w13_scales,
-                                      w2_packed, w2_scales, 4.0, 25.0, mode=mode, block_n=32,
-                                      block_k=block_k, gather_rows=True, block_m=block_m)
+                                      w2_packed, w2_scales, 4.0, 25.0, config=config)
     assert_relative_close("u", u, expected, 1e-5)
 
 
@@ -253,19 +206,8 @@ def test_moe_experts_mxfp4_gemv_programs_per_slot_share_experts():
                                        w2_packed, w2_scales, 4.0, 25.0)
     # Slot ownership does not depend on the mode: one mode.
     u = moe_experts_mxfp4_gemv_triton(x, topk_weights, topk_ids, w13_packed, w13_scales,
-                                      w2_packed, w2_scales, 4.0, 25.0, mode="fma", block_n=32,
-                                      block_k=64)
-    assert_relative_close("u", u, expected, 1e-5)
-
-
-def test_moe_experts_mxfp4_triton_small_batch_is_the_default_at_one_token():
-    w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(4, 128, 128, seed=11)
-    x, router, bias = router_inputs(1, 128, 4, seed=12)
-    topk_weights, topk_ids = moe_route_torch(x, router, bias, 2, True, 1.0)
-    expected = moe_experts_mxfp4_torch(x, topk_weights, topk_ids, w13_packed, w13_scales,
-                                       w2_packed, w2_scales, 4.0, 25.0)
-    u = moe_experts_mxfp4_triton(x, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed,
-                                 w2_scales, 4.0, 25.0)
+                                      w2_packed, w2_scales, 4.0, 25.0,
+                                      config=GemvConfig(mode="fma", block_n=32, block_k=64))
     assert_relative_close("u", u, expected, 1e-5)
 
 
@@ -276,30 +218,34 @@ def test_moe_experts_mxfp4_gemv_rejects_large_batches_and_odd_blocks():
     with pytest.raises(ValueError, match="at most 64 tokens, got 65"):
         moe_experts_mxfp4_gemv_triton(z, ids.float(), ids, w13_packed, w13_scales, w2_packed,
                                       w2_scales, 4.0, 25.0)
+    one = (z[:1], ids[:1].float(), ids[:1], w13_packed, w13_scales, w2_packed, w2_scales, 4.0,
+           25.0)
     with pytest.raises(ValueError, match="must be multiples of block_n=96"):
-        moe_experts_mxfp4_gemv_triton(z[:1], ids[:1].float(), ids[:1], w13_packed, w13_scales,
-                                      w2_packed, w2_scales, 4.0, 25.0, block_n=96)
+        moe_experts_mxfp4_gemv_triton(*one, config=GemvConfig(block_n=96))
     with pytest.raises(ValueError, match="block_m is for gathered rows only"):
-        moe_experts_mxfp4_gemv_triton(z[:1], ids[:1].float(), ids[:1], w13_packed, w13_scales,
-                                      w2_packed, w2_scales, 4.0, 25.0, block_m=16)
+        moe_experts_mxfp4_gemv_triton(*one, config=GemvConfig(block_m=16))
     with pytest.raises(ValueError, match="at most 64 tokens, got 65"):
         moe_experts_mxfp4_gemv_triton(z, ids.float(), ids, w13_packed, w13_scales, w2_packed,
-                                      w2_scales, 4.0, 25.0, gather_rows=True)
+                                      w2_scales, 4.0, 25.0, config=GemvConfig(gather_rows=True))
     with pytest.raises(ValueError, match="mode must be one of"):
-        moe_experts_mxfp4_gemv_triton(z[:1], ids[:1].float(), ids[:1], w13_packed, w13_scales,
-                                      w2_packed, w2_scales, 4.0, 25.0, mode="gemm")
+        moe_experts_mxfp4_gemv_triton(*one, config=GemvConfig(mode="dot"))
 
 
-def test_moe_experts_mxfp4_triton_empty_batch_and_bad_weights():
+def test_moe_experts_mxfp4_triton_empty_batch_and_what_the_kernels_refuse():
     w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(4, 128, 128, seed=4)
     z = torch.zeros(0, 128, device=DEVICE)
     ids = torch.zeros(0, 2, dtype=torch.int32, device=DEVICE)
-    u = moe_experts_mxfp4_triton(z, ids.float(), ids, w13_packed, w13_scales, w2_packed,
-                                 w2_scales, 4.0, 25.0)
+    u = moe_experts_mxfp4_grouped_triton(z, ids.float(), ids, w13_packed, w13_scales, w2_packed,
+                                         w2_scales, 4.0, 25.0)
     assert u.shape == (0, 128)
-    with pytest.raises(ValueError, match=r"w2_scales must be contiguous uint8 \[4, 128, 4\]"):
-        moe_experts_mxfp4_triton(z, ids.float(), ids, w13_packed, w13_scales, w2_packed,
-                                 w2_scales[:, :, :2], 4.0, 25.0)
+    with pytest.raises(ValueError, match="must be contiguous; pass tensor.contiguous"):
+        moe_experts_mxfp4_grouped_triton(z, ids.float(), ids, w13_packed, w13_scales,
+                                         w2_packed.transpose(1, 2).contiguous().transpose(1, 2),
+                                         w2_scales, 4.0, 25.0)
+    small = expert_weights(4, 64, 192, seed=4)
+    with pytest.raises(ValueError, match="Dl and F must be multiples of 128"):
+        moe_experts_mxfp4_grouped_triton(torch.zeros(0, 192, device=DEVICE), ids.float(), ids,
+                                         *small, 4.0, 25.0)
 
 
 @pytest.fixture(scope="module")
@@ -309,31 +255,36 @@ def proxy_weights():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_tokens", [1, 16, 64, 300], ids=lambda n: f"T{n}")
-def test_moe_experts_mxfp4_triton_proxy_shapes_gpu(num_tokens, proxy_weights):
-    w13_packed, w13_scales, w2_packed, w2_scales = proxy_weights
+@pytest.mark.parametrize("num_tokens", [1, 16, 64, 100, 300], ids=lambda n: f"T{n}")
+def test_moe_experts_mxfp4_through_the_engines_tables_proxy_shapes_gpu(num_tokens,
+                                                                       proxy_weights):
+    """Routing (every way of forming the logits) and the experts as the engine's eager and
+    graph tables run them on this GPU (1-64 tokens: the GEMVs; 100: 25 pairs per expert, the
+    small groups; 300: the large groups), BF16 activations against the torch op."""
+    import atomk31.ops  # noqa: F401
+    from atomk31.ops import KernelContext, Target, select_kernels
+
+    kernels = select_kernels("auto", KernelContext.default_for(Target.of_device("cuda")))
     x, router, bias = router_inputs(num_tokens, 3584, 64, seed=6)
-    topk_weights, topk_ids = moe_route_triton(x, router, bias, 16, True, 1.0)
     expected_w, expected_ids = moe_route_torch(x, router, bias, 16, True, 1.0)
-    assert torch.equal(topk_ids, expected_ids)
-    split_w, split_ids = moe_route_triton(x, router, bias, 16, True, 1.0, split_router=True)
-    assert torch.equal(split_ids, expected_ids)
-    assert_relative_close("split-router weights", split_w, expected_w, 1e-6)
+    for logits in ROUTER_LOGITS.values():
+        w, ids = moe_route_triton(x, router, bias, 16, True, 1.0, logits)
+        assert torch.equal(ids, expected_ids), logits
+        assert_relative_close(f"weights ({logits})", w, expected_w, 1e-6)
     z = x.bfloat16()
-    expected = moe_experts_mxfp4_torch(z, topk_weights, topk_ids, w13_packed, w13_scales,
-                                       w2_packed, w2_scales, 4.0, 25.0)
-    u = moe_experts_mxfp4_triton(z, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed,
-                                 w2_scales, 4.0, 25.0)
-    # BF16 products vs fp32 products of the same BF16 activations; SiTU output BF16 in both.
-    assert_relative_close("u", u, expected, 1e-2)
+    expected = moe_experts_mxfp4_torch(z, expected_w, expected_ids, *proxy_weights, 4.0, 25.0)
+    for table in (kernels.eager, kernels.graph):
+        u = table.moe_experts_mxfp4(z, expected_w, expected_ids, *proxy_weights, 4.0, 25.0)
+        # BF16 products vs fp32 products of the same BF16 activations; SiTU output BF16 in
+        # both.
+        assert_relative_close(f"u ({table.step})", u, expected, 1e-2)
 
 
-# The modes at the batch sizes where they matter: "dot_t_words" is the BF16 default on NVIDIA
-# (1 token: programs per slot; 4: the one-multiply decode; 64: gathered rows), "fma" /
-# "dot_t" the fp32 defaults (1 / 16 tokens), "dot_scaled" BF16 only. The other modes are
-# slower on the H200 (session 2) and covered by the interpreter tests and the compile checks.
+# The GEMV modes at the batch sizes where they matter: "dot_t_words" the BF16 GEMV on NVIDIA
+# (1 token: programs per slot; 4: the one-multiply decode; 64: gathered rows), "fma" / "dot_t"
+# the portable GEMV's (1 / 16 tokens).
 GEMV_MODES_GPU = [(1, "dot_t_words"), (4, "dot_t_words"), (64, "dot_t_words"), (1, "fma"),
-                  (16, "dot_t"), (16, "dot_scaled")]
+                  (16, "dot_t")]
 
 
 @pytest.mark.gpu
@@ -342,39 +293,39 @@ def test_moe_experts_mxfp4_gemv_proxy_shapes_gpu(num_tokens, mode, proxy_weights
     w13_packed, w13_scales, w2_packed, w2_scales = proxy_weights
     x, router, bias = router_inputs(num_tokens, 3584, 64, seed=6)
     topk_weights, topk_ids = moe_route_torch(x, router, bias, 16, True, 1.0)
-    # BF16 activations, then exact fp32 (dot_scaled takes BF16 only).
-    cases = [(x.bfloat16(), 1e-2)] + ([] if mode == "dot_scaled" else [(x, 1e-5)])
-    knobs = dict(one_factor_exact=True) if mode == "dot_t_words" and num_tokens == 4 else {}
-    for z, tolerance in cases:
+    one_factor = mode == "dot_t_words" and num_tokens == 4
+    for z, tolerance in ((x.bfloat16(), 1e-2), (x, 1e-5)):     # BF16, then exact fp32
         expected = moe_experts_mxfp4_torch(z, topk_weights, topk_ids, w13_packed, w13_scales,
                                            w2_packed, w2_scales, 4.0, 25.0)
         u = moe_experts_mxfp4_gemv_triton(z, topk_weights, topk_ids, w13_packed, w13_scales,
-                                          w2_packed, w2_scales, 4.0, 25.0, mode=mode, **knobs)
+                                          w2_packed, w2_scales, 4.0, 25.0,
+                                          one_factor_exact=one_factor,
+                                          config=GemvConfig(mode=mode))
         assert_relative_close(f"u ({z.dtype})", u, expected, tolerance)
 
 
 # The GEMV configurations bench_moe times besides the defaults (64 tokens), with the
 # one-multiply decode the bench gives them (these weights' scale bytes allow it).
 WORDS_CONFIGS_GPU = {
-    "T64-gather-n128-k256-w8-s2": (64, dict(block_n=128, block_k=256, num_warps=8,
-                                            num_stages=2, gather_rows=True, block_m=32)),
+    "T64-gather-n128-k256-w8-s2": (64, GemvConfig(block_n=128, block_k=256, num_warps=8,
+                                                  num_stages=2, gather_rows=True, block_m=32)),
     # ~half of the experts get more than 16 of the 64 tokens: two chunks.
-    "T64-gather-bm16-k256-s2-r128": (64, dict(block_n=64, block_k=256, num_stages=2,
-                                              gather_rows=True, block_m=16,
-                                              max_registers=128)),
+    "T64-gather-bm16-k256-s2-r128": (64, GemvConfig(block_n=64, block_k=256, num_stages=2,
+                                                    gather_rows=True, block_m=16,
+                                                    max_registers=128)),
 }
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", WORDS_CONFIGS_GPU.values(), ids=WORDS_CONFIGS_GPU.keys())
 def test_moe_experts_mxfp4_gemv_words_configs_gpu(case, proxy_weights):
-    num_tokens, knobs = case
+    num_tokens, config = case
     x, router, bias = router_inputs(num_tokens, 3584, 64, seed=6)
     topk_weights, topk_ids = moe_route_torch(x, router, bias, 16, True, 1.0)
     z = x.bfloat16()
     expected = moe_experts_mxfp4_torch(z, topk_weights, topk_ids, *proxy_weights, 4.0, 25.0)
-    u = moe_experts_mxfp4_gemv_triton(z, topk_weights, topk_ids, *proxy_weights, 4.0, 25.0,
-                                      mode="dot_t_words", one_factor_exact=True, **knobs)
+    u = moe_experts_mxfp4_gemv_words_triton(z, topk_weights, topk_ids, *proxy_weights, 4.0,
+                                            25.0, one_factor_exact=True, config=config)
     assert_relative_close("u", u, expected, 1e-2)
 
 
@@ -385,39 +336,6 @@ def test_moe_experts_mxfp4_triton_grouped_fp32_is_exact_gpu():
     topk_weights, topk_ids = moe_route_torch(x, router, bias, 4, True, 1.0)
     expected = moe_experts_mxfp4_torch(x, topk_weights, topk_ids, w13_packed, w13_scales,
                                        w2_packed, w2_scales, 4.0, 25.0)
-    u = moe_experts_mxfp4_triton(x, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed,
-                                 w2_scales, 4.0, 25.0, small_batch=False)
+    u = moe_experts_mxfp4_grouped_triton(x, topk_weights, topk_ids, w13_packed, w13_scales,
+                                         w2_packed, w2_scales, 4.0, 25.0)
     assert_relative_close("u", u, expected, 1e-5)
-
-
-@pytest.mark.gpu
-def test_moe_experts_mxfp4_triton_dot_scaled_gpu():
-    w13_packed, w13_scales, w2_packed, w2_scales = expert_weights(16, 256, 512, seed=7)
-    x, router, bias = router_inputs(20, 512, 16, seed=8)
-    topk_weights, topk_ids = moe_route_torch(x, router, bias, 4, True, 1.0)
-    z = x.bfloat16()
-    expected = moe_experts_mxfp4_triton(z, topk_weights, topk_ids, w13_packed, w13_scales,
-                                        w2_packed, w2_scales, 4.0, 25.0, small_batch=False)
-    u = moe_experts_mxfp4_triton(z, topk_weights, topk_ids, w13_packed, w13_scales, w2_packed,
-                                 w2_scales, 4.0, 25.0, use_dot_scaled=True)
-    assert_relative_close("u (dot_scaled)", u, expected, 1e-2)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("num_tokens", [1, 16, 300], ids=lambda n: f"T{n}")
-def test_moe_experts_mxfp4_triton_fp8_down_proxy_shapes_gpu(num_tokens, proxy_weights):
-    w13_packed, w13_scales, w2_packed, w2_scales = proxy_weights
-    x, router, bias = router_inputs(num_tokens, 3584, 64, seed=6)
-    topk_weights, topk_ids = moe_route_torch(x, router, bias, 16, True, 1.0)
-    z = x.bfloat16()
-    weights = (w13_packed, w13_scales, w2_packed, w2_scales)
-    expected = moe_experts_mxfp4_torch(z, topk_weights, topk_ids, *weights, 4.0, 25.0,
-                                       fp8_down_activations=True)
-    u = moe_experts_mxfp4_triton(z, topk_weights, topk_ids, *weights, 4.0, 25.0,
-                                 fp8_down_activations=True)
-    # BF16 first-GEMM products (h can land on the other side of an e4m3 rounding point),
-    # exact e4m3 x e2m1 down products: the BF16 tolerance of the other proxy tests.
-    assert_relative_close("u (fp8 down)", u, expected, 1e-2)
-    scaled = moe_experts_mxfp4_triton(z, topk_weights, topk_ids, *weights, 4.0, 25.0,
-                                      use_dot_scaled=True, fp8_down_activations=True)
-    assert_relative_close("u (dot_scaled, fp8 down)", scaled, expected, 1e-2)

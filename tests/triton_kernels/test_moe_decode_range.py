@@ -6,9 +6,9 @@ and hands it to the op; the launchers pick the one-multiply decode only with the
 activations, and the results equal the torch op either way (fp32 products on the interpreter:
 1e-5); forcing the decode on weights outside the range breaks them (the range is not slack).
 GPU (``-m gpu``): the PTX decodes on the proxy shapes. At top-1 every output element is one
-program's store, so the two decodes of in-range weights must agree bit for bit; the registered
-op at the new defaults (the flag from the weights) against the torch op with in-range and
-out-of-range weights.
+program's store, so the two decodes of in-range weights must agree bit for bit; the engine's
+tables (the flag from the weights) against the torch op with in-range and out-of-range
+weights.
 """
 
 from types import SimpleNamespace
@@ -21,8 +21,10 @@ from atomk31.ops.moe import (ONE_FACTOR_SCALE_BYTES, moe_experts_mxfp4_torch, mo
                              mxfp4_scales_allow_one_factor)
 from atomk31.quant import quantize_mxfp4
 from atomk31.triton_kernels import moe_gemv, moe_grouped_words
-from atomk31.triton_kernels.moe_gemv import moe_experts_mxfp4_gemv_triton, pick_word_decode
-from atomk31.triton_kernels.moe_grouped_gemm import moe_experts_mxfp4_triton
+from atomk31.triton_kernels.moe_gemv import (GemvConfig, moe_experts_mxfp4_gemv_words_triton,
+                                             pick_word_decode)
+from atomk31.triton_kernels.moe_grouped_gemm import GroupedConfig
+from atomk31.triton_kernels.moe_grouped_words import moe_experts_mxfp4_grouped_words_triton
 from atomk31.triton_kernels.moe_mxfp4_decode import ONE_FACTOR_SHIFT
 from assertions import assert_relative_close
 
@@ -53,12 +55,19 @@ def test_mxfp4_scales_allow_one_factor_rejects_other_dtypes():
 
 def test_pick_word_decode_takes_one_multiply_only_with_the_promise_and_bf16():
     bf16, fp32 = torch.bfloat16, torch.float32
-    assert pick_word_decode("dot_t_words", bf16, "cuda", True) == "ptx_one_factor"
-    assert pick_word_decode("dot_t_words", bf16, "cuda", False) == "ptx"
-    assert pick_word_decode("dot_t_words", bf16, None, True) == "triton_one_factor"
-    assert pick_word_decode("dot_t_words", bf16, "hip", False) == "triton"
-    assert pick_word_decode("dot_t_words", fp32, "cuda", True) == "triton"   # fp32: exact
-    assert pick_word_decode("dot_t", bf16, "cuda", True) == "triton"
+    assert pick_word_decode(bf16, "cuda", True) == "ptx_one_factor"
+    assert pick_word_decode(bf16, "cuda", False) == "ptx"
+    assert pick_word_decode(bf16, None, True) == "triton_one_factor"
+    assert pick_word_decode(bf16, "hip", False) == "triton"
+    assert pick_word_decode(fp32, "cuda", True) == "triton"   # fp32: exact
+
+
+def engine_tables():
+    """The engine's eager and graph tables on this GPU."""
+    import atomk31.ops  # noqa: F401
+    from atomk31.ops import KernelContext, Target, select_kernels
+
+    return select_kernels("auto", KernelContext.default_for(Target.of_device(DEVICE)))
 
 
 def expert_weights(num_experts, intermediate, latent, seed):
@@ -82,8 +91,8 @@ def word_decodes(monkeypatch):
     """The word decodes the GEMV / grouped-words launchers picked, in call order."""
     picked = []
 
-    def spy(mode, dtype, backend, one_factor_exact):
-        picked.append(pick_word_decode(mode, dtype, backend, one_factor_exact))
+    def spy(dtype, backend, one_factor_exact):
+        picked.append(pick_word_decode(dtype, backend, one_factor_exact))
         return picked[-1]
     monkeypatch.setattr(moe_gemv, "pick_word_decode", spy)
     monkeypatch.setattr(moe_grouped_words, "pick_word_decode", spy)
@@ -96,9 +105,9 @@ CASES = {"in-range": (None, True), "w2-byte-58": (58, False), "w2-byte-193": (19
 
 
 def words_gemv(z, topk_weights, topk_ids, weights, one_factor_exact):
-    return moe_experts_mxfp4_gemv_triton(z, topk_weights, topk_ids, *weights, 4.0, 25.0,
-                                         mode="dot_t_words", block_n=32, block_k=128,
-                                         one_factor_exact=one_factor_exact)
+    return moe_experts_mxfp4_gemv_words_triton(z, topk_weights, topk_ids, *weights, 4.0, 25.0,
+                                               one_factor_exact=one_factor_exact,
+                                               config=GemvConfig(block_n=32, block_k=128))
 
 
 @pytest.mark.parametrize("outside,allowed", CASES.values(), ids=CASES.keys())
@@ -133,20 +142,21 @@ def test_moe_gemv_words_decode_follows_the_scales_and_matches_torch(outside, all
 
 def test_moe_registered_op_and_grouped_words_carry_the_flag(word_decodes):
     # The word-decode grouped GEMMs take the promise too (several pairs per expert block);
-    # on the GPU the registered op passes it down to the GEMVs.
+    # on the GPU the engine's table passes it down to the GEMVs.
     weights = expert_weights(4, 128, 256, seed=32)
     x, topk_weights, topk_ids = routed_inputs(5, 256, 4, 2, seed=33)
     z = x.bfloat16()
-    grouped = [moe_experts_mxfp4_triton(z, topk_weights, topk_ids, *weights, 4.0, 25.0,
-                                        small_batch=False, words=True, block_m=16, block_n=32,
-                                        one_factor_exact=flag) for flag in (True, False)]
+    config = GroupedConfig(16, 32, 128, num_warps=4)
+    grouped = [moe_experts_mxfp4_grouped_words_triton(z, topk_weights, topk_ids, *weights, 4.0,
+                                                      25.0, one_factor_exact=flag, config=config)
+               for flag in (True, False)]
     assert word_decodes == [BF16_DECODE + "_one_factor", BF16_DECODE]
     assert torch.equal(grouped[0], grouped[1])
     expected = moe_experts_mxfp4_torch(z, topk_weights, topk_ids, *weights, 4.0, 25.0)
     assert_relative_close("u (grouped words)", grouped[0], expected, 1e-2)
-    if DEVICE == "cuda":      # the registered op picks the default mode: dot_t_words on NVIDIA
-        moe_experts_mxfp4_triton(z, topk_weights, topk_ids, *weights, 4.0, 25.0,
-                                     one_factor_exact=True)
+    if DEVICE == "cuda":      # the engine's tables: the word-decode GEMV on NVIDIA
+        engine_tables().eager.moe_experts_mxfp4(z, topk_weights, topk_ids, *weights, 4.0,
+                                                25.0, one_factor_exact=True)
         assert word_decodes[-1] == "ptx_one_factor"
 
 
@@ -208,9 +218,9 @@ def test_latent_moe_computes_the_flag_once_and_passes_it(outside, allowed):
     weights = WeightSource(latent_moe_tensors(3, 64, 32, outside), torch.float32,
                            torch.device("cpu"))
     ops = OpSpy()
-    layer = LatentMoE(config, weights, "layer.", ops)
+    layer = LatentMoE(config, weights, "layer.")
     assert layer.one_factor_exact is allowed
-    layer.forward(torch.randn(2, 64))
+    layer.forward(torch.randn(2, 64), ops)
     assert ops.expert_calls == [{"one_factor_exact": allowed}]
 
 
@@ -240,8 +250,8 @@ def test_moe_gemv_one_factor_equals_two_factors_bitwise_gpu(num_tokens, proxy_we
     # times 2^-64 exactly, and so are the fp32 sums (no subnormal partial sums here).
     assert mxfp4_scales_allow_one_factor(proxy_weights[1], proxy_weights[3])
     z, topk_weights, topk_ids = proxy_routing(num_tokens, 1)
-    one, two = (moe_experts_mxfp4_gemv_triton(z, topk_weights, topk_ids, *proxy_weights, 4.0,
-                                              25.0, mode="dot_t_words", one_factor_exact=flag)
+    one, two = (moe_experts_mxfp4_gemv_words_triton(z, topk_weights, topk_ids, *proxy_weights,
+                                                    4.0, 25.0, one_factor_exact=flag)
                 for flag in (True, False))
     assert torch.equal(one, two)
 
@@ -251,7 +261,7 @@ def test_moe_gemv_one_factor_equals_two_factors_bitwise_gpu(num_tokens, proxy_we
                                                 (300, None)],
                          ids=["T1", "T4", "T64", "T4-byte-58", "T300"])
 def test_moe_registered_op_default_decode_gpu(num_tokens, outside, proxy_weights):
-    # The engine's call: the flag from the weights (once), the registered op at its defaults.
+    # The engine's call: the flag from the weights (once), the tables' implementations.
     w13_packed, w13_scales, w2_packed, w2_scales = proxy_weights
     if outside is not None:
         w13_scales = w13_scales.clone()
@@ -261,6 +271,7 @@ def test_moe_registered_op_default_decode_gpu(num_tokens, outside, proxy_weights
     assert flag is (outside is None)
     z, topk_weights, topk_ids = proxy_routing(num_tokens, 16)
     expected = moe_experts_mxfp4_torch(z, topk_weights, topk_ids, *weights, 4.0, 25.0)
-    u = moe_experts_mxfp4_triton(z, topk_weights, topk_ids, *weights, 4.0, 25.0,
-                                     one_factor_exact=flag)
-    assert_relative_close("u", u, expected, 1e-2)
+    for table in (engine_tables().eager, engine_tables().graph):
+        u = table.moe_experts_mxfp4(z, topk_weights, topk_ids, *weights, 4.0, 25.0,
+                                    one_factor_exact=flag)
+        assert_relative_close(f"u ({table.step})", u, expected, 1e-2)

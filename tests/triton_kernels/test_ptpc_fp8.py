@@ -1,30 +1,24 @@
-"""Triton PTPC-FP8 quantizer and scaled GEMM vs the torch ops (MODEL_SPEC §6.5).
+"""Triton PTPC-FP8 quantizer and scaled pointer GEMM vs the torch ops (MODEL_SPEC §6.5).
 
 CPU: Triton's interpreter at small, awkward shapes (fp32 products there, so within 1e-6 of
 the torch op), and the launcher's tile choice per target. GPU (``-m gpu``): proxy linear
 shapes, where the FP8 tensor cores sum with reduced precision (see FP8_GEMM_TOLERANCE).
 """
 
-import dataclasses
-
 import pytest
 import torch
 
 from atomk31.ops.linear import ptpc_linear_quantized_torch, ptpc_quantize_torch
 from atomk31.quant.ptpc import quantize_weight_ptpc
-from atomk31.triton_kernels import ptpc_fp8, ptpc_fp8_config
 from atomk31.triton_kernels.ptpc_fp8 import (
     GemmConfig, GemmTarget, pick_config_for_target, ptpc_linear_quantized_triton,
     ptpc_linear_triton, ptpc_quantize_triton, split_k_to_fill,
 )
-from atomk31.triton_kernels.ptpc_fp8_config import HOPPER_TMA_CONFIG, HOPPER_WS_CONFIG
-from atomk31.triton_kernels.ptpc_fp8_tma import launch_ptpc_gemm_tma
 from assertions import assert_relative_close
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8_DTYPES = [torch.float8_e4m3fn, torch.float8_e4m3fnuz]
 H200 = GemmTarget(num_sms=132, is_amd=False)
-H200_TMA = GemmTarget(num_sms=132, is_amd=False, has_tma_ws=True)
 GFX942 = GemmTarget(num_sms=304, is_amd=True)
 GFX942_LDS_BYTES = 64 << 10
 
@@ -92,10 +86,8 @@ def test_ptpc_quantize_torch_is_correctly_rounded(fp8_dtype):
 
 
 @pytest.mark.parametrize("config", [None, GemmConfig(16, 32, 64, split_k=3),
-                                    GemmConfig(32, 64, 32, split_k=2, dot_bf16=True),
-                                    GemmConfig(16, 32, 64, split_k=2, promote_per_tile=True,
-                                               warp_specialize=True)],
-                         ids=["auto", "split-k3", "split-k2-bf16", "split-k2-per-tile"])
+                                    GemmConfig(32, 64, 32, split_k=2)],
+                         ids=["auto", "split-k3", "split-k2-block-k32"])
 @pytest.mark.parametrize("m,n,k", [(1, 70, 300), (37, 128, 256), (0, 16, 64)],
                          ids=["M1-N70-K300", "M37-N128-K256", "M0-N16-K64"])
 def test_ptpc_linear_quantized_triton_matches_torch(m, n, k, config):
@@ -106,56 +98,6 @@ def test_ptpc_linear_quantized_triton_matches_torch(m, n, k, config):
     assert_relative_close("y", y, expected, 1e-6)
 
 
-# The TMA kernel (Hopper's path for large M): descriptors zero-fill the tile edges, so M, N and
-# K are not multiples of the blocks here (K stays a multiple of 16: aligned rows). The lagged
-# loop takes K tiles in pairs: K = 272 with 64-K tiles is 5 tiles (an odd tail); with 32-K tiles
-# and 3 splits, 9 tiles are 3 + 3 + 3 (odd splits) and K = 256's 8 are 3 + 3 + 2.
-TMA_CONFIGS = {
-    "plain": GemmConfig(16, 32, 64, tma=True, num_stages=2),
-    "split-k3": GemmConfig(16, 32, 64, split_k=3, tma=True, num_stages=2),
-    "split-n-per-tile-ws": GemmConfig(16, 64, 32, tma=True, split_n=True, promote_per_tile=True,
-                                      warp_specialize=True, device_descriptors=True),
-    "split-k2-split-n": GemmConfig(32, 64, 64, split_k=2, tma=True, split_n=True),
-    "persistent-ws": GemmConfig(16, 32, 64, tma=True, persistent=True, promote_per_tile=True,
-                                warp_specialize=True, device_descriptors=True),
-    "lagged": GemmConfig(16, 32, 64, tma=True, promote_lagged=True, num_stages=2),
-    "lagged-split-k3": GemmConfig(16, 32, 32, split_k=3, tma=True, promote_lagged=True),
-    "lagged-persistent-device": GemmConfig(16, 32, 64, tma=True, promote_lagged=True,
-                                           persistent=True, device_descriptors=True),
-}
-
-
-@pytest.mark.parametrize("config", list(TMA_CONFIGS.values()), ids=list(TMA_CONFIGS))
-@pytest.mark.parametrize("m,n,k", [(1, 70, 272), (37, 128, 256), (0, 16, 64)],
-                         ids=["M1-N70-K272", "M37-N128-K256", "M0-N16-K64"])
-def test_ptpc_linear_quantized_triton_tma_matches_torch(m, n, k, config):
-    x_q, x_scale = ptpc_quantize_torch(random_matrix(m, k, seed=11))
-    w_q, w_scale = quantize_weight_ptpc(random_matrix(n, k, seed=12))
-    expected = ptpc_linear_quantized_torch(x_q, x_scale, w_q, w_scale, torch.float32)
-    y = ptpc_linear_quantized_triton(x_q, x_scale, w_q, w_scale, torch.float32, config)
-    assert_relative_close("y", y, expected, 1e-6)
-
-
-def test_ptpc_linear_quantized_triton_tma_rejects_unaligned_rows():
-    x_q, x_scale = ptpc_quantize_torch(random_matrix(3, 72, seed=13))
-    w_q, w_scale = quantize_weight_ptpc(random_matrix(8, 72, seed=14))
-    with pytest.raises(ValueError, match=r"TMA kernel needs 16-byte aligned fp8 rows"):
-        ptpc_linear_quantized_triton(x_q, x_scale, w_q, w_scale, torch.float32,
-                                     GemmConfig(16, 32, 64, tma=True))
-
-
-def test_ptpc_gemm_tma_warp_specialization_needs_device_descriptors():
-    """Host descriptors keep their BLOCK_M-row box after Triton 3.6 splits the A tile between
-    two consumer warpgroups: the launcher refuses that config off the interpreter."""
-    a = torch.zeros(4, 64, dtype=torch.float8_e4m3fn)
-    w_q = torch.zeros(8, 64, dtype=torch.float8_e4m3fn)
-    config = dataclasses.replace(HOPPER_WS_CONFIG, device_descriptors=False)
-    with pytest.raises(ValueError, match=r"needs device_descriptors=True"):
-        launch_ptpc_gemm_tma(a, w_q, torch.ones(4), torch.ones(8),
-                             torch.empty(4, 8, dtype=torch.bfloat16), config,
-                             on_interpreter=False, num_programs=1)
-
-
 def test_ptpc_linear_triton_keeps_leading_dims_and_dtype():
     x = random_matrix(6, 256, seed=3).view(2, 3, 256)
     w_q, w_scale = quantize_weight_ptpc(random_matrix(64, 256, seed=4))
@@ -163,13 +105,6 @@ def test_ptpc_linear_triton_keeps_leading_dims_and_dtype():
     assert y.shape == (2, 3, 64) and y.dtype == x.dtype
     expected = ptpc_linear_quantized_torch(*ptpc_quantize_torch(x), w_q, w_scale, x.dtype)
     assert_relative_close("y", y, expected, 1e-6)
-
-
-def test_ptpc_linear_quantized_triton_rejects_mismatched_k():
-    x_q, x_scale = ptpc_quantize_torch(random_matrix(2, 64, seed=5))
-    w_q, w_scale = quantize_weight_ptpc(random_matrix(8, 32, seed=6))
-    with pytest.raises(ValueError, match=r"expected x_q \[\.\.\., K\]"):
-        ptpc_linear_quantized_triton(x_q, x_scale, w_q, w_scale)
 
 
 @pytest.mark.parametrize("tiles,k,block_k,expected", [
@@ -201,13 +136,13 @@ def test_pick_config_fits_gfx942_lds_and_promotes_on_h200(m, n, k):
 
 @pytest.mark.parametrize("m, n, k, want", [
     (1, 576, 7168, (16, 64, 512, 1, 4, 3)),         # kv_a decode: no split K on CUDA, and
-    (16, 576, 7168, (16, 64, 512, 1, 4, 3)),        # 9 tiles: 512-K steps (session 4)
+    (16, 576, 7168, (16, 64, 512, 1, 4, 3)),        # 9 tiles: 512-K steps
     (1, 7168, 12288, (16, 64, 512, 1, 4, 3)),       # o_proj decode: 112 tiles
     (1, 36864, 7168, (16, 64, 256, 1, 4, 4)),       # kda qkv decode: 576 tiles
-    (48, 576, 7168, (64, 64, 256, 7, 4, 4)),        # M 17-64: round 1's split K
-    (128, 7168, 12288, (64, 128, 256, 1, 8, 3)),    # o_proj M = 128: round 2's winner
-    (128, 576, 7168, (64, 128, 128, 12, 4, 4)),     # kv_a M = 128: round 1's split K
-    (1024, 576, 7168, (128, 128, 128, 3, 8, 4)),    # kv_a M = 1024: round 1's choice
+    (48, 576, 7168, (64, 64, 256, 7, 4, 4)),        # M 17-64: split K
+    (128, 7168, 12288, (64, 128, 256, 1, 8, 3)),    # o_proj M = 128: unsplit, 256-K steps
+    (128, 576, 7168, (64, 128, 128, 12, 4, 4)),     # kv_a M = 128: split K
+    (1024, 576, 7168, (128, 128, 128, 3, 8, 4)),    # kv_a M = 1024 (the "narrow" class)
     (4096, 7168, 12288, (128, 128, 128, 1, 8, 4)),
 ])
 def test_pick_config_cuda_defaults_on_h200(m, n, k, want):
@@ -216,41 +151,10 @@ def test_pick_config_cuda_defaults_on_h200(m, n, k, want):
             config.num_stages) == want
 
 
-def test_pick_config_amd_keeps_round_1_tiles():
+def test_pick_config_amd_keeps_the_portable_tiles():
     assert pick_config_for_target(1, 576, 7168, GFX942).split_k > 1
     amd = pick_config_for_target(128, 7168, 12288, GFX942)
     assert (amd.block_m, amd.block_n, amd.block_k, amd.num_warps) == (64, 128, 128, 4)
-
-
-@pytest.mark.parametrize("m, n, k, uses_tma", [
-    (4096, 7168, 12288, True),        # o_proj: 1792 tiles of 128x128
-    (1024, 24576, 512, True),         # kv_b
-    (4096, 576, 7168, True),          # kv_a: 160 tiles
-    (1024, 576, 7168, False),         # kv_a: 40 tiles, the pointer kernel's split K
-    (512, 7168, 12288, False),        # below HOPPER_TMA_MIN_M
-])
-def test_pick_config_hopper_tma_from_min_m_where_tiles_cover_the_sms(monkeypatch, m, n, k,
-                                                                     uses_tma):
-    monkeypatch.setattr(ptpc_fp8_config, "HOPPER_TMA_MIN_M", 1024)
-    monkeypatch.setattr(ptpc_fp8_config, "HOPPER_GLUON_MIN_M", None)    # the Gluon rule: off
-    config = pick_config_for_target(m, n, k, H200_TMA)
-    assert (config == HOPPER_TMA_CONFIG) == uses_tma
-    assert not pick_config_for_target(m, n, k, H200).tma           # not Hopper: never
-    assert not pick_config_for_target(m, n, k, GFX942).tma
-
-
-def test_ptpc_linear_quantized_triton_tma_default_falls_back_on_unaligned_rows(monkeypatch):
-    """A TMA default with K not a multiple of 16: the pointer kernel's config instead."""
-    monkeypatch.setattr(ptpc_fp8, "pick_config", lambda m, n, k: GemmConfig(16, 32, 64, tma=True))
-    monkeypatch.setattr(ptpc_fp8, "current_target", lambda: H200_TMA)
-    monkeypatch.setattr(ptpc_fp8, "pick_config_for_target",
-                        lambda m, n, k, target: GemmConfig(16, 32, 64, num_stages=1,
-                                                           promote_every=None))
-    x_q, x_scale = ptpc_quantize_torch(random_matrix(5, 72, seed=15))
-    w_q, w_scale = quantize_weight_ptpc(random_matrix(40, 72, seed=16))
-    y = ptpc_linear_quantized_triton(x_q, x_scale, w_q, w_scale, torch.float32)
-    expected = ptpc_linear_quantized_torch(x_q, x_scale, w_q, w_scale, torch.float32)
-    assert_relative_close("y", y, expected, 1e-6)
 
 
 def quantizer_mismatch_report(x, q, scale, expected_q, expected_scale) -> str:
@@ -310,52 +214,3 @@ def test_ptpc_linear_triton_proxy_shapes_gpu(m, n, k):
     except RuntimeError as failure:            # this shape or cuBLASLt has no fp32 output
         limit, against = FP8_GEMM_TOLERANCE, f"the fixed bound (_scaled_mm: {failure})"
     assert error <= limit, f"relative error {error:.3g} > {limit:.3g}, {against}"
-
-
-# The TMA kernel's candidates on the H200, as benchmarks/kernels/bench_ptpc_fp8.py times them:
-# HOPPER_TMA_CONFIG ("tma lag2": 8 warps, paired K tiles) first, then the warp-specialized
-# ones (HOPPER_WS_CONFIG and its 128x256 form) in a test of their own at the end of the file
-# (session 3's host-descriptor form of them hung the H200; a hang there loses no other test).
-def check_tma_config_on_proxy_shape(m: int, n: int, k: int, config: GemmConfig) -> None:
-    """The TMA kernel as close to fp32 math as torch._scaled_mm on the same inputs."""
-    x_q, x_scale = ptpc_quantize_torch(random_matrix(m, k, seed=m, dtype=torch.bfloat16))
-    w_q, w_scale = quantize_weight_ptpc(random_matrix(n, k, seed=n, dtype=torch.bfloat16))
-    expected = ptpc_linear_quantized_torch(x_q, x_scale, w_q, w_scale, torch.float32)
-    y = ptpc_linear_quantized_triton(x_q, x_scale, w_q, w_scale, torch.float32, config)
-    error = ((y.double() - expected.double()).abs().max() / expected.double().abs().max()).item()
-    peer = scaled_mm_relative_error(x_q, x_scale, w_q, w_scale, expected)
-    limit = SCALED_MM_ERROR_FACTOR * peer + SCALED_MM_ERROR_SLACK
-    assert error <= limit, f"relative error {error:.3g} > {limit:.3g} (torch._scaled_mm {peer:.3g})"
-
-
-PROXY_SHAPES = pytest.mark.parametrize("n,k", [(7168, 12288), (576, 7168), (24576, 512)],
-                                       ids=["o_proj", "kv_a", "kv_b"])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("m", [300, 2048], ids=lambda m: f"M{m}")
-@PROXY_SHAPES
-def test_ptpc_linear_triton_tma_lagged_proxy_shapes_gpu(m, n, k):
-    check_tma_config_on_proxy_shape(m, n, k, HOPPER_TMA_CONFIG)
-
-
-# Not a default: session 4's first H200 run stored the second consumer's rows 64 rows too far
-# (Triton 3.6's data partitioning); the kernel's workaround is unmeasured, so a failure here is
-# expected until a run shows otherwise (non-strict: a pass shows as XPASS).
-# The 128 x 128 warp-specialized kernel passes on the H200 (sessions 4 and 5); the 128 x 256
-# split-N one still writes wrong rows under Triton 3.6's data partitioning.
-GPU_WS_CONFIGS = [
-    pytest.param(HOPPER_WS_CONFIG, id="ws-128x128"),
-    pytest.param(dataclasses.replace(HOPPER_WS_CONFIG, block_n=256, num_stages=3, split_n=True),
-                 id="ws-128x256-split-n",
-                 marks=pytest.mark.xfail(reason="Triton 3.6 warp specialization, split N: "
-                                                "wrong rows", strict=False)),
-]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("config", GPU_WS_CONFIGS)
-@pytest.mark.parametrize("m", [300, 2048], ids=lambda m: f"M{m}")
-@PROXY_SHAPES
-def test_ptpc_linear_triton_tma_ws_proxy_shapes_gpu(m, n, k, config):
-    check_tma_config_on_proxy_shape(m, n, k, config)

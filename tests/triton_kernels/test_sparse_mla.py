@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from atomk31.ops.sparse_mla import sparse_mla_torch
+from atomk31.triton_kernels.mla_tiles import MLATileConfig
 
 KERNEL_MODULE = "atomk31.triton_kernels.sparse_mla"
 SOFTMAX_SCALE = 192**-0.5  # §4.5
@@ -57,7 +58,8 @@ def test_sparse_mla_triton_interpreter_matches_torch(interpreted, num_splits, la
     slots = make_slots(num_rows, k, 6 * block_size, 0.3, seed=1)
     q = torch.randn(num_rows, num_heads, 576, generator=torch.Generator().manual_seed(2))
     got_out, got_lse = interpreted.sparse_mla_triton(q, cache, LATENT_SCALE, slots,
-                                                     SOFTMAX_SCALE, num_splits=num_splits)
+                                                     SOFTMAX_SCALE,
+                                                     MLATileConfig(num_splits=num_splits))
     want_out, want_lse = sparse_mla_torch(q, cache, LATENT_SCALE, slots, SOFTMAX_SCALE)
     assert_close("out", got_out, want_out, 1e-5, 1e-5)
     assert_close("lse", got_lse, want_lse, 1e-5, 1e-5)
@@ -76,10 +78,11 @@ def test_sparse_mla_triton_interpreter_variants_match_torch(interpreted, num_spl
     slots = make_slots(num_rows, k, 6 * block_size, 0.3, seed=1)
     q = torch.randn(num_rows, num_heads, 576, generator=torch.Generator().manual_seed(2))
     got_out, got_lse = interpreted.sparse_mla_triton(q, cache, LATENT_SCALE, slots,
-                                                     SOFTMAX_SCALE, num_splits=num_splits,
-                                                     scores_via_memory=scores_via_memory,
-                                                     value_splits=value_splits,
-                                                     block_h=block_h)
+                                                     SOFTMAX_SCALE, MLATileConfig(
+                                                         num_splits=num_splits,
+                                                         scores_via_memory=scores_via_memory,
+                                                         value_splits=value_splits,
+                                                         block_h=block_h))
     want_out, want_lse = sparse_mla_torch(q, cache, LATENT_SCALE, slots, SOFTMAX_SCALE)
     assert_close("out", got_out, want_out, 1e-5, 1e-5)
     assert_close("lse", got_lse, want_lse, 1e-5, 1e-5)
@@ -95,8 +98,10 @@ def test_sparse_mla_triton_interpreter_prefetch_matches_torch(interpreted, num_s
     slots = make_slots(num_rows, k, 6 * block_size, 0.3, seed=1)
     q = torch.randn(num_rows, num_heads, 576, generator=torch.Generator().manual_seed(2))
     got_out, got_lse = interpreted.sparse_mla_triton(q, cache, LATENT_SCALE, slots,
-                                                     SOFTMAX_SCALE, num_splits=num_splits,
-                                                     prefetch=prefetch, value_splits=value_splits)
+                                                     SOFTMAX_SCALE, MLATileConfig(
+                                                         num_splits=num_splits,
+                                                         prefetch=prefetch,
+                                                         value_splits=value_splits))
     want_out, want_lse = sparse_mla_torch(q, cache, LATENT_SCALE, slots, SOFTMAX_SCALE)
     assert_close("out", got_out, want_out, 1e-5, 1e-5)
     assert_close("lse", got_lse, want_lse, 1e-5, 1e-5)
@@ -111,8 +116,8 @@ def test_sparse_mla_triton_interpreter_gapped_blocks_match_torch(interpreted):
     slots = make_slots(num_rows, k, 6 * block_size, 0.3, seed=1)
     q = torch.randn(num_rows, num_heads, 576, generator=torch.Generator().manual_seed(2))
     got_out, got_lse = interpreted.sparse_mla_triton(q, cache, LATENT_SCALE, slots,
-                                                     SOFTMAX_SCALE, num_splits=2,
-                                                     value_splits=2)
+                                                     SOFTMAX_SCALE,
+                                                     MLATileConfig(num_splits=2, value_splits=2))
     want_out, want_lse = sparse_mla_torch(q, cache, LATENT_SCALE, slots, SOFTMAX_SCALE)
     assert_close("out", got_out, want_out, 1e-5, 1e-5)
     assert_close("lse", got_lse, want_lse, 1e-5, 1e-5)
@@ -129,8 +134,9 @@ def test_sparse_mla_triton_interpreter_fp16_operands_match_torch(interpreted):
     q[:, 2] *= 2.0**-40
     q = q.to(torch.bfloat16)
     got_out, got_lse = interpreted.sparse_mla_triton(q, cache, LATENT_SCALE, slots,
-                                                     SOFTMAX_SCALE, num_splits=2,
-                                                     fp16_operands=True, value_splits=2)
+                                                     SOFTMAX_SCALE, MLATileConfig(
+                                                         num_splits=2, fp16_operands=True,
+                                                         value_splits=2))
     want_out, want_lse = sparse_mla_torch(q.float(), cache, LATENT_SCALE, slots, SOFTMAX_SCALE)
     assert_close("out", got_out, want_out, 2e-3, 2e-3)
     assert_close("lse", got_lse, want_lse, 1e-5, 1e-5)
@@ -163,10 +169,32 @@ def test_sparse_mla_triton_interpreter_single_slot_and_no_rows(interpreted):
     assert empty[0].shape == (0, 2, 512) and empty[1].shape == (0, 2)
 
 
-def test_sparse_mla_triton_rejects_unabsorbed_query(interpreted):
+@pytest.mark.parametrize("num_rows, num_heads, k", [(1, 1, 1), (16, 16, 256), (17, 3, 33)],
+                         ids=["one-row-one-head-one-slot", "sixteen", "odd"])
+def test_sparse_mla_triton_interpreter_size_one_and_odd_sizes(interpreted, num_rows,
+                                                              num_heads, k):
+    """Every size at 1 (Triton passes such arguments as constants), at multiples of 16 and
+    odd, over an engine pool's strided latent view."""
+    from atomk31.cache.layout import CacheLayoutSpec, PackedLayout
+
+    layout = PackedLayout(CacheLayoutSpec(block_size=16, num_mla_layers=2))
+    cache = layout.layer_view(layout.allocate(20, "cpu"), 1).latent
+    cache.copy_(make_latent_cache(20, 16, torch.float8_e4m3fn, seed=k))
+    slots = make_slots(num_rows, k, 20 * 16, 0.2, seed=3) if num_rows > 1 else \
+        torch.tensor([[5]], dtype=torch.int32)
+    q = torch.randn(num_rows, num_heads, 576, generator=torch.Generator().manual_seed(4))
+    got_out, got_lse = interpreted.sparse_mla_triton(q, cache, LATENT_SCALE, slots,
+                                                     SOFTMAX_SCALE)
+    want_out, want_lse = sparse_mla_torch(q, cache, LATENT_SCALE, slots, SOFTMAX_SCALE)
+    assert_close("out", got_out, want_out, 1e-5, 1e-5)
+    assert_close("lse", got_lse, want_lse, 1e-5, 1e-5)
+
+
+def test_sparse_mla_triton_refuses_a_cache_with_a_strided_last_dim(interpreted):
     cache = make_latent_cache(2, 16, torch.float32, seed=6)
-    with pytest.raises(ValueError, match=r"q must be \[Nq=1, H, 576\] absorbed queries"):
-        interpreted.sparse_mla_triton(torch.zeros(1, 4, 192), cache, 1.0,
+    with pytest.raises(ValueError, match=r"with a contiguous last dim"):
+        interpreted.sparse_mla_triton(torch.zeros(1, 4, 576), cache.transpose(0, 2)
+                                      .contiguous().transpose(0, 2), 1.0,
                                       torch.zeros(1, 4, dtype=torch.int32), SOFTMAX_SCALE)
 
 
@@ -185,7 +213,7 @@ def test_sparse_mla_triton_gpu_decode(num_rows, block_h):
     q = torch.randn(num_rows, 96, 576, generator=torch.Generator().manual_seed(7))
     q = q.to(torch.bfloat16).cuda()
     got_out, got_lse = sparse_mla_triton(q, cache, LATENT_SCALE, slots, SOFTMAX_SCALE,
-                                         block_h=block_h)
+                                         MLATileConfig(block_h=block_h))
     want_out, want_lse = sparse_mla_torch(q.float(), cache, LATENT_SCALE, slots, SOFTMAX_SCALE)
     assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
     assert relative_error(got_out, want_out) < 1e-2
@@ -195,15 +223,14 @@ def test_sparse_mla_triton_gpu_decode(num_rows, block_h):
 @pytest.mark.parametrize("num_programs, max_splits, want", [
     (0, 8, 1), (128, 8, 1), (32, 8, 4), (96, 8, 4), (16, 2, 2), (200, 8, 3)])
 def test_fewest_splits_filling_waves_on_132_multiprocessors(num_programs, max_splits, want):
-    from atomk31.triton_kernels.mla_tiles import fewest_splits_filling_waves
+    from atomk31.triton_kernels.mla_splits import fewest_splits_filling_waves
 
     assert fewest_splits_filling_waves(num_programs, 132, max_splits) == want
 
 
 # (rows a program, programs' row groups, keys, sparse) -> (block_h, block_n, splits, warps,
 # stages, value splits, scores via memory, prefetch, fp16 operands) of the fastest tiles
-# measured for 96 heads on CUDA (round 2; round 3 for few sparse rows; session 4: FP16 products
-# for many sparse rows).
+# measured for 96 heads on CUDA (mla_tiles.py's `_cuda_many_heads_tiles`).
 CUDA_96_HEAD_TILES = [
     # 16 sparse rows: one split here (a CPU tensor: one multiprocessor); 4 on an H200
     ((1, 16, 2048, True), (128, 64, 1, 8, 1, 2, False, 1, True)),
@@ -211,7 +238,7 @@ CUDA_96_HEAD_TILES = [
     ((1, 16, 2048, False), (64, 64, 16, 8, 1, 1, True, 0, False)),  # dense, short context
     ((1, 16, 131072, False), (128, 64, 1, 8, 1, 2, False, 0, False)),  # dense, 1 row a request
     ((4, 16, 16384, False), (32, 64, 1, 8, 1, 2, False, 0, False)),  # dense, 4 rows a request
-    ((2, 16, 16384, False), (32, 64, 1, 8, 2, 1, False, 0, False)),  # 2 rows: round 1's choice
+    ((2, 16, 16384, False), (32, 64, 1, 8, 2, 1, False, 0, False)),  # 2 rows: two stages
 ]
 
 
@@ -233,16 +260,16 @@ def test_choose_tiles_cuda_defaults_for_96_heads(monkeypatch, shape, want):
     assert (tiles.block_h, tiles.block_n, tiles.num_splits, tiles.num_warps, tiles.num_stages,
             tiles.value_splits, tiles.scores_via_memory, tiles.prefetch,
             tiles.fp16_operands) == want
-    # A caller's tile knob keeps round 1's rule for the rest (value_splits default 1).
+    # A caller's tile knob keeps the generic rule for the rest (value_splits default 1).
     fixed = mla_tiles.choose_tiles(q, False, False, num_groups, max_keys, rows_per_program,
-                                   block_h=64 // rows_per_program)
+                                   MLATileConfig(block_h=64 // rows_per_program))
     assert fixed.value_splits == 1
     # float32 products keep the small tiles.
     assert mla_tiles.choose_tiles(q, True, False, num_groups, max_keys,
                                   rows_per_program).block_n == 16
     with pytest.raises(ValueError, match="prefetch must be 0 or 1, got 2"):
         mla_tiles.choose_tiles(q, False, False, num_groups, max_keys, rows_per_program,
-                               prefetch=2)
+                               MLATileConfig(prefetch=2))
 
 
 @pytest.mark.gpu
@@ -290,11 +317,12 @@ def test_sparse_mla_triton_gpu_tile_variants(block_h, block_n, num_warps, num_st
     q = torch.randn(16, 96, 576, generator=torch.Generator().manual_seed(7))
     q = q.to(torch.bfloat16).cuda()
     got_out, got_lse = sparse_mla_triton(q, cache, LATENT_SCALE, slots, SOFTMAX_SCALE,
-                                         block_h=block_h, block_n=block_n,
-                                         num_warps=num_warps, num_stages=num_stages,
-                                         scores_via_memory=scores_via_memory,
-                                         value_splits=value_splits, prefetch=prefetch,
-                                         fp16_operands=fp16)
+                                         MLATileConfig(block_h=block_h, block_n=block_n,
+                                                       num_warps=num_warps,
+                                                       num_stages=num_stages,
+                                                       scores_via_memory=scores_via_memory,
+                                                       value_splits=value_splits,
+                                                       prefetch=prefetch, fp16_operands=fp16))
     want_out, want_lse = sparse_mla_torch(q.float(), cache, LATENT_SCALE, slots, SOFTMAX_SCALE)
     assert torch.equal(torch.isinf(got_lse), torch.isinf(want_lse))
     assert relative_error(got_out, want_out) < 1e-2

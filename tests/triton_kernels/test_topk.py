@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from atomk31.ops.topk import positions_to_slots_torch, topk_positions_torch
+from atomk31.triton_kernels.topk_config import TopkConfig
 
 KERNEL_MODULE = "atomk31.triton_kernels.topk"
 
@@ -43,7 +44,7 @@ def test_topk_triton_interpreter_matches_torch(interpreted, case):
     scores = make_scores(num_rows, length, levels, seed=len(case))
     lengths = torch.tensor(lengths, dtype=torch.int64)
     # Three programs per row share each row's group maxima and candidate buffer.
-    got = interpreted.topk_triton(scores, k, lengths, programs_per_row=3)
+    got = interpreted.topk_triton(scores, k, lengths, config=TopkConfig(programs_per_row=3))
     assert got.dtype == torch.int32
     assert torch.equal(got, topk_positions_torch(scores, k, lengths))
 
@@ -57,9 +58,9 @@ def test_topk_triton_interpreter_finish_cut_in_ties(interpreted, search_ways, fu
     # positions) in the 1100-long row.
     scores = make_scores(3, 1100, 3, seed=11)
     lengths = torch.tensor([1100, 70, 0])
-    got = interpreted.topk_triton(scores, 100, lengths, programs_per_row=2,
-                                  search_ways=search_ways, threshold_ways=search_ways,
-                                  fuse_overflow=fuse_overflow)
+    got = interpreted.topk_triton(scores, 100, lengths, config=TopkConfig(
+        programs_per_row=2, search_ways=search_ways, threshold_ways=search_ways,
+        fuse_overflow=fuse_overflow))
     assert torch.equal(got, topk_positions_torch(scores, 100, lengths))
 
 
@@ -78,8 +79,8 @@ def test_topk_triton_interpreter_staged_collect(interpreted, options):
     scores[1] = (torch.arange(700) // 3).float()
     scores[2] = 0.5
     lengths = torch.tensor([700, 650, 700, 1, 0])
-    got = interpreted.topk_triton(scores, 40, lengths, collect="staged",
-                                  **{"programs_per_row": 2, **options})
+    got = interpreted.topk_triton(scores, 40, lengths,
+                                  config=TopkConfig(**{"programs_per_row": 2, **options}))
     assert torch.equal(got, topk_positions_torch(scores, 40, lengths))
 
 
@@ -89,7 +90,7 @@ def test_topk_triton_interpreter_rising_scores(interpreted):
     scores = (torch.arange(600) // 3).float()[None].repeat(2, 1)
     scores[1] = scores[1].flip(0)
     lengths = torch.tensor([600, 451])
-    got = interpreted.topk_triton(scores, 50, lengths, programs_per_row=2)
+    got = interpreted.topk_triton(scores, 50, lengths, config=TopkConfig(programs_per_row=2))
     assert torch.equal(got, topk_positions_torch(scores, 50, lengths))
 
 
@@ -101,8 +102,8 @@ def test_topk_triton_interpreter_overflow_bisects_row(interpreted, capacity_fact
     position = torch.arange(700)
     scores = ((position % 64) * 8 + (position // 64) // 3).float()[None].repeat(2, 1)
     lengths = torch.tensor([700, 333])
-    got = interpreted.topk_triton(scores, 20, lengths, programs_per_row=3,
-                                  capacity_factor=capacity_factor, fuse_overflow=False)
+    got = interpreted.topk_triton(scores, 20, lengths, config=TopkConfig(
+        programs_per_row=3, capacity_factor=capacity_factor, fuse_overflow=False))
     assert torch.equal(got, topk_positions_torch(scores, 20, lengths))
 
 
@@ -113,17 +114,17 @@ def test_topk_triton_interpreter_minus_inf_tail(interpreted):
     scores[0, :7] = torch.randn(7, generator=torch.Generator().manual_seed(3))
     scores[1, 100:103] = 1.0
     lengths = torch.tensor([400, 390])
-    got = interpreted.topk_triton(scores, 30, lengths, programs_per_row=2)
+    got = interpreted.topk_triton(scores, 30, lengths, config=TopkConfig(programs_per_row=2))
     assert torch.equal(got, topk_positions_torch(scores, 30, lengths))
 
 
 @pytest.mark.parametrize("options", [{"collect_programs_per_sm": 64},
-                                     {"collect": "warp", "collect_programs_per_sm": 1},
+                                     {"collect_programs_per_sm": 1},
                                      {"group_max_stages": 1, "programs_per_row": 1},
                                      {"group_max_stages": 3, "programs_per_row": 1},
                                      {"threshold_parts": 1, "programs_per_row": 3},
                                      {"threshold_parts": 2, "programs_per_row": 3}],
-                         ids=["staged_64_per_sm", "warp_1_per_sm",
+                         ids=["staged_64_per_sm", "staged_1_per_sm",
                               "group_max_stages1_1_per_row", "group_max_stages3_1_per_row",
                               "threshold_parts1", "threshold_parts2_of_3_chunks"])
 def test_topk_triton_interpreter_collect_variants(interpreted, options):
@@ -133,28 +134,30 @@ def test_topk_triton_interpreter_collect_variants(interpreted, options):
     # chunks' maxima one at a time or two at a time (the last load half masked).
     scores = make_scores(3, 301, 4, seed=21)
     lengths = torch.tensor([301, 1, 250])
-    got = interpreted.topk_triton(scores, 40, lengths, **{"programs_per_row": 2, **options})
+    got = interpreted.topk_triton(scores, 40, lengths,
+                                  config=TopkConfig(**{"programs_per_row": 2, **options}))
     assert torch.equal(got, topk_positions_torch(scores, 40, lengths))
 
 
-@pytest.mark.parametrize("options", [{"collect": "warp", "collect_programs_per_sm": 64},
+@pytest.mark.parametrize("options", [{"collect_programs_per_sm": 64},
                                      {"capacity_factor": 1, "fuse_overflow": False},
                                      {"capacity_factor": 1, "fuse_overflow": True},
-                                     {"collect": "warp", "threshold_slack": 0,
-                                      "collect_block": 32, "collect_stages": 1},
+                                     {"threshold_slack": 0, "collect_block": 32,
+                                      "collect_stages": 1},
                                      {"fuse_threshold": True, "threshold_slack": -1}],
-                         ids=["warp_64_per_sm", "capacity1", "capacity1_fused_rescan",
-                              "slack0_block32_prefetch1", "fused_exact_threshold"])
+                         ids=["staged_64_per_sm", "capacity1", "capacity1_fused_rescan",
+                              "slack0_block32_stages1", "fused_exact_threshold"])
 def test_topk_triton_interpreter_ties_and_overflow_variants(interpreted, options):
     # Rising and falling scores with runs of ties (row 2 flipped), a -inf tail (row 1), short
-    # rows: many warp programs (some past a row's end), a buffer of k that every row overflows
+    # rows: many programs (some past a row's end), a buffer of k that every row overflows
     # (topk_overflow_kernel's rescan, or the finish's own), the exact threshold with a tile
-    # of 32 and the next tile's load issued by hand.
+    # of 32 and no pipelining.
     scores = (torch.arange(301) // 3).float()[None].repeat(3, 1)
     scores[1, 120:] = -torch.inf
     scores[2] = scores[2].flip(0)
     lengths = torch.tensor([301, 200, 45])
-    got = interpreted.topk_triton(scores, 40, lengths, programs_per_row=2, **options)
+    got = interpreted.topk_triton(scores, 40, lengths,
+                                  config=TopkConfig(programs_per_row=2, **options))
     assert torch.equal(got, topk_positions_torch(scores, 40, lengths))
 
 
@@ -184,34 +187,40 @@ def test_topk_triton_rejects_k_beyond_limit(interpreted):
 
 def test_topk_triton_rejects_search_ways_not_power_of_two(interpreted):
     with pytest.raises(ValueError, match=r"search_ways must be a power of two >= 1, got 3"):
-        interpreted.topk_triton(torch.zeros(1, 5), 2, torch.tensor([5]), search_ways=3)
+        interpreted.topk_triton(torch.zeros(1, 5), 2, torch.tensor([5]),
+                                config=TopkConfig(search_ways=3))
 
 
 def test_topk_triton_rejects_empty_staging(interpreted):
     with pytest.raises(ValueError, match=r"staging_pieces must be >= 1, got 0"):
-        interpreted.topk_triton(torch.zeros(1, 5), 2, torch.tensor([5]), collect="staged",
-                                staging_pieces=0)
-
-
-def test_topk_triton_rejects_unknown_collect(interpreted):
-    with pytest.raises(ValueError, match=r"collect must be one of \('warp', 'staged'\), "
-                                         r"got 'fast'"):
-        interpreted.topk_triton(torch.zeros(1, 5), 2, torch.tensor([5]), collect="fast")
-
-
-def test_topk_triton_rejects_block_size_not_power_of_two(interpreted):
-    with pytest.raises(ValueError, match=r"block_size must be a power of two, got 96"):
         interpreted.topk_triton(torch.zeros(1, 5), 2, torch.tensor([5]),
-                                torch.zeros(1, 1, dtype=torch.int32),
-                                torch.zeros(1, dtype=torch.int32), 96)
+                                config=TopkConfig(staging_pieces=0))
 
 
-# The launches the final H200 run measures beside the default (a default may move to one).
-GPU_PIPELINES = {"warp": {"collect": "warp"}, "cumsum": {"staged_ballot": False},
-                 "ways16": {"search_ways": 16}, "pdl": {"pdl": True},
+@pytest.mark.parametrize("num_rows, length", [(1, 1), (16, 256), (17, 33)],
+                         ids=["one-row-one-score", "sixteen", "odd"])
+def test_topk_triton_interpreter_size_one_and_odd_sizes(interpreted, num_rows, length):
+    """Every size at 1 (one row of one score, k = 1: Triton passes such arguments as
+    constants), at multiples of 16 and odd, with slots as topk_slots writes them for a
+    decode batch (one row per request, one block table row each)."""
+    scores = make_scores(num_rows, length, 3, seed=length)
+    lengths = torch.full((num_rows,), length)
+    k = min(2048, length)
+    block_size = 16
+    blocks = -(-length // block_size)
+    block_table = torch.arange(num_rows * blocks, dtype=torch.int32).view(num_rows, blocks)
+    row_request = torch.arange(num_rows, dtype=torch.int32)
+    got = interpreted.topk_triton(scores, k, lengths, block_table, row_request, block_size)
+    want = positions_to_slots_torch(topk_positions_torch(scores, k, lengths), block_table,
+                                    row_request, block_size)
+    assert torch.equal(got, want)
+
+
+# The launches the benchmark measures beside the default (a default may move to one).
+GPU_PIPELINES = {"cumsum": {"staged_ballot": False}, "ways16": {"search_ways": 16},
                  # the default at >= 64 rows (these batches have 8)
                  "fused_threshold": {"fuse_threshold": True},
-                 # session 6 round 2's launch: stages 1 and 2 apart, the overflow kernel
+                 # the defaults below 64 rows: stages 1 and 1b apart, the overflow kernel
                  "split": {"fuse_threshold": False, "fuse_overflow": False, "search_ways": 64}}
 
 
@@ -245,7 +254,7 @@ def test_topk_triton_gpu_pipelines_match_torch(pipeline):
     from atomk31.triton_kernels.topk import topk_triton
 
     scores, lengths = mixed_rows(1 << 20)  # with rows of length 2049, 100 and 0
-    got = topk_triton(scores, 2048, lengths, **GPU_PIPELINES[pipeline])
+    got = topk_triton(scores, 2048, lengths, config=TopkConfig(**GPU_PIPELINES[pipeline]))
     assert torch.equal(got, topk_positions_torch(scores, 2048, lengths))
 
 
@@ -262,7 +271,7 @@ def test_topk_triton_gpu_collect_variants(options):
     scores[1] = make_scores(1, length, 5, seed=8, device="cuda")[0]
     scores[2] = torch.arange(length, device="cuda") // 4
     lengths = torch.tensor([length, length - 3, length - 2047, 3001], device="cuda")
-    got = topk_triton(scores, 2048, lengths, **options)
+    got = topk_triton(scores, 2048, lengths, config=TopkConfig(**options))
     assert torch.equal(got, topk_positions_torch(scores, 2048, lengths))
 
 
@@ -282,7 +291,7 @@ def test_topk_triton_gpu_writes_slots(length, pipeline):
     block_table[2, num_blocks // 2:] = -1
     row_request = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3], dtype=torch.int32, device="cuda")
     got = topk_triton(scores, 2048, lengths, block_table, row_request, block_size,
-                      **GPU_PIPELINES.get(pipeline, {}))
+                      config=TopkConfig(**GPU_PIPELINES.get(pipeline, {})))
     want = positions_to_slots_torch(topk_positions_torch(scores, 2048, lengths), block_table,
                                     row_request, block_size)
     assert torch.equal(got, want)
@@ -290,14 +299,14 @@ def test_topk_triton_gpu_writes_slots(length, pipeline):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("options", [{"threshold_slack": -1}, {"group_max_stages": 1},
-                                     {"collect": "warp", "collect_stages": 1},
-                                     {"collect": "staged", "staging_pieces": 1},
-                                     {"collect": "staged", "collect_block": 512},
-                                     {"collect": "staged", "staged_ballot": True,
-                                      "collect_block": 512, "staging_pieces": 1},
+                                     {"collect_stages": 1},
+                                     {"staging_pieces": 1},
+                                     {"collect_block": 512},
+                                     {"staged_ballot": True, "collect_block": 512,
+                                      "staging_pieces": 1},
                                      {"threshold_warps": 4, "finish_warps": 8},
                                      {"fuse_overflow": False}],
-                         ids=["exact_threshold", "group_max_stages1", "warp_prefetch1",
+                         ids=["exact_threshold", "group_max_stages1", "collect_stages1",
                               "staged_pieces1",
                               "staged_tile512", "ballot_tile512_pieces1",
                               "threshold4_finish8_warps", "overflow_kernel"])
@@ -312,7 +321,7 @@ def test_topk_triton_gpu_tuning_variants(options):
     scores[2] = torch.arange(length, device="cuda") // 4
     scores[3] = -2.5
     lengths = torch.tensor([length, length - 3, length - 2047, length, 3001], device="cuda")
-    got = topk_triton(scores, 2048, lengths, **options)
+    got = topk_triton(scores, 2048, lengths, config=TopkConfig(**options))
     assert torch.equal(got, topk_positions_torch(scores, 2048, lengths))
 
 
@@ -328,7 +337,7 @@ def test_topk_triton_gpu_finish_variants(search_ways):
     scores[1] = make_scores(1, length, 5, seed=6, device="cuda")[0]
     scores[2] = torch.arange(length, device="cuda") // 4
     lengths = torch.tensor([length, length - 3, length, 3000], device="cuda")
-    got = topk_triton(scores, 2048, lengths, search_ways=search_ways)
+    got = topk_triton(scores, 2048, lengths, config=TopkConfig(search_ways=search_ways))
     assert torch.equal(got, topk_positions_torch(scores, 2048, lengths))
 
 
@@ -341,27 +350,26 @@ def test_topk_triton_gpu_repeated_calls_stay_exact():
     # words or a missed ordering.
     scores, lengths = mixed_rows(131072)
     want = topk_positions_torch(scores, 2048, lengths)
-    for options in ({}, {"collect": "warp"}, {"staged_ballot": False}):
+    for options in ({}, {"staged_ballot": False}):
         for _ in range(20):
-            assert torch.equal(topk_triton(scores, 2048, lengths, **options), want)
+            assert torch.equal(topk_triton(scores, 2048, lengths,
+                                           config=TopkConfig(**options)), want)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pipeline", [None, "fused_threshold", "pdl", "split"])
+@pytest.mark.parametrize("pipeline", [None, "fused_threshold", "split"])
 def test_topk_triton_gpu_graph_replays_stay_exact(pipeline):
     from atomk31.triton_kernels.topk import topk_triton
 
-    # What a decode step runs: the launches captured in a CUDA graph (with programmatic
-    # dependent launch, each kernel starts under the previous one's tail and waits), replayed
-    # on new scores each time; a missed wait would read stale maxima, thresholds or
-    # candidates.
+    # What a decode step runs: the launches captured in a CUDA graph, replayed on new scores
+    # each time; a missed dependency would read stale maxima, thresholds or candidates.
     scores, lengths = mixed_rows(131072)
-    options = GPU_PIPELINES.get(pipeline, {})
-    topk_triton(scores, 2048, lengths, **options)  # compile outside the capture
+    config = TopkConfig(**GPU_PIPELINES.get(pipeline, {}))
+    topk_triton(scores, 2048, lengths, config=config)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        got = topk_triton(scores, 2048, lengths, **options)
+        got = topk_triton(scores, 2048, lengths, config=config)
     for seed in range(8):
         new_scores, _ = mixed_rows(131072)
         new_scores[0] = torch.randn(131072, generator=torch.Generator().manual_seed(seed))

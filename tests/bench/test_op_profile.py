@@ -1,0 +1,37 @@
+"""atomk31/bench/op_profile.py (`bench latency --profile`): the per-op breakdown of one decode
+step and one prefill chunk, and the Chrome traces beside it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from atomk31.bench.op_profile import profile_steps, trace_path
+
+
+@pytest.mark.slow   # the profiler's own parsing of every torch op event: ~7 s on 2 cores
+def test_profile_breaks_one_decode_step_and_one_prefill_chunk_down_by_op(engine, tmp_path):
+    path = tmp_path / "profile.json"
+    result = profile_steps(engine, batch_size=1, context=80, prefill_tokens=4, path=path,
+                           rng=np.random.default_rng(0))
+    assert json.loads(path.read_text()) == json.loads(json.dumps(result))
+    decode, prefill = result["decode"], result["prefill"]
+    calls = {row["op"]: row["calls"] for row in decode["ops"]}
+    # tiny: 7 MoE layers, 6 KDA layers, 2 MLA layers past top-k 64 (indexer, sparse attention)
+    assert calls["moe_route"] == 7 and calls["moe_experts_mxfp4"] == 7
+    assert calls["kda_decode"] == 6 and calls["sparse_mla"] == 2 and "dense_mla" not in calls
+    assert calls["indexer_score"] == 2 and calls["topk_slots"] == 2
+    assert {row["op"]: row["calls"] for row in prefill["ops"]}["kda_prefill"] == 6
+    for step in (decode, prefill):
+        assert step["time"] == "cpu" and step["mode"] == "eager" and step["step_ms"] > 0
+        assert step["outside_ops_ms"] >= 0
+        assert sum(row["ms"] for row in step["ops"]) + step["outside_ops_ms"] == \
+            pytest.approx(step["step_ms"])
+        assert step["top_torch_ops"] and step["top_torch_ops"][0]["self_ms"] > 0
+    assert prefill["num_tokens"] == 4 and prefill["chunk_tokens"] == 4
+    for step in ("decode", "prefill"):
+        trace = json.loads(trace_path(path, step).read_text())
+        names = {event.get("name") for event in trace["traceEvents"]}
+        assert "op:moe_route" in names and f"step:{step}" in names
