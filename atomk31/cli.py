@@ -1,8 +1,9 @@
-"""The `atomk31` command line: serve, generate, bench, info, make-checkpoint.
+"""The `atomk31` command line: serve, generate, bench, eval, info, make-checkpoint.
 
-This is the one place (with config.py) that reads the environment: the default model directory
-lives under $XDG_CACHE_HOME (or ~/.cache), so `atomk31 generate` runs on a fresh machine with no
-arguments by generating the built-in tiny checkpoint on first use.
+This is the one place (with config.py) that reads the environment. The default model is the
+trained demo checkpoint shipped in the package (atomk31/demo/weights/) when it is there; else
+the random tiny checkpoint, generated under $XDG_CACHE_HOME (or ~/.cache) on first use, so
+`atomk31 generate` runs on a fresh machine with no arguments either way.
 """
 
 from __future__ import annotations
@@ -26,9 +27,14 @@ def default_model_dir() -> Path:
 
 
 def ensure_default_model() -> Path:
-    """Generate the built-in tiny checkpoint into the cache directory if it is absent."""
+    """The shipped demo checkpoint if the package has one, else the built-in tiny checkpoint
+    (generated into the cache directory if it is absent)."""
     from atomk31.checkpoint import make_checkpoint
+    from atomk31.demo.shipped import shipped_checkpoint
 
+    shipped = shipped_checkpoint()
+    if shipped is not None:
+        return shipped
     path = default_model_dir()
     if not (path / "config.json").is_file():
         logger.info("generating the built-in tiny checkpoint into %s", path)
@@ -71,7 +77,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="greedy continuation of prompts (offline engine)")
     _add_flag(gen, "model", type=Path, default=None,
-              help="checkpoint directory (default: the built-in tiny checkpoint)")
+              help="checkpoint directory (default: the built-in model)")
     _add_flag(gen, "prompt", action="append", default=None,
               help="prompt text (repeat for several prompts)")
     _add_flag(gen, "max_tokens", type=int, default=16)
@@ -83,6 +89,12 @@ def _build_parser() -> argparse.ArgumentParser:
     from atomk31.distributed.flags import add_parallel_arguments
 
     add_parallel_arguments(gen)
+
+    evaluate = sub.add_parser("eval", help="score the demo task families through a server's "
+                              "OpenAI API")
+    from atomk31.demo.evaluate import add_eval_arguments
+
+    add_eval_arguments(evaluate)
 
     info = sub.add_parser("info", help="the platform and the kernel chosen for every op")
     from atomk31.info import add_info_arguments
@@ -154,6 +166,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return run_info(args)
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from atomk31.demo.evaluate import cmd_eval
+
+    return cmd_eval(args)
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from server.launch import serve
 
@@ -170,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
     commands = {"make-checkpoint": _cmd_make_checkpoint, "generate": _cmd_generate,
-                "info": _cmd_info, "serve": _cmd_serve, "bench": _cmd_bench}
+                "info": _cmd_info, "serve": _cmd_serve, "bench": _cmd_bench, "eval": _cmd_eval}
     return commands[args.command](args)
 
 

@@ -3,8 +3,9 @@
 `add_serve_arguments(parser)` registers every flag in `--kebab-case` and `--snake_case`; it is
 cheap, since this module imports no torch until `serve` runs. `serve(args)` turns the flags into
 an EngineConfig (validated once, every problem listed), builds the app and runs uvicorn until
-interrupted. Without `--model` it serves the built-in tiny checkpoint, generated into the cache
-directory on first use, so it runs on any machine.
+interrupted. Without `--model` it serves the built-in model: the trained demo checkpoint shipped
+in the package, or while there is none the random tiny checkpoint, generated into the cache
+directory on first use; so it runs on any machine.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_MODEL_NAME = "atomk31-tiny"   # the name of the built-in tiny checkpoint
+DEMO_MODEL_NAME = "atomk31-demo"      # the name of the shipped trained checkpoint
 DEFAULTS = EngineConfig(model="")     # the engine's own defaults, written once, in config.py
 LIMITS = ServerLimits()               # the server's, in server/limits.py
 K3_PARSER = "kimi_k3"                 # vLLM's name for K3's tool-call and reasoning parsers
@@ -122,7 +124,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """The engine's flags (EngineConfig's fields), shared by `atomk31 serve` and the offline
     benchmarks (`atomk31 bench latency | throughput`); `engine_config_from_args` reads them."""
-    _add_flag(parser, "model", "checkpoint directory (default: the built-in tiny checkpoint)",
+    _add_flag(parser, "model", "checkpoint directory (default: the built-in model)",
               default=None)
     _add_flag(parser, "block_size", "KV-cache block size in tokens, a power of two",
               value_type=int, default=DEFAULTS.block_size)
@@ -225,8 +227,12 @@ def serve(args: argparse.Namespace, default_model: Callable[[], Path] | None = N
         logger.error("no --model given; pass a checkpoint directory")
         return 2
     if args.model is None:
-        model = str(default_model())
-        name = args.served_model_name or DEFAULT_MODEL_NAME
+        from atomk31.demo.shipped import shipped_checkpoint
+
+        default = default_model()
+        model = str(default)
+        name = args.served_model_name or (DEMO_MODEL_NAME if default == shipped_checkpoint()
+                                          else DEFAULT_MODEL_NAME)
     else:
         model = str(args.model)
         name = args.served_model_name or model

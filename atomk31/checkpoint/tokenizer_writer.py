@@ -70,12 +70,19 @@ better than most. His entries were short, but they were honest, and they were ne
 def write_tokenizer(out: Path, vocab_size: int) -> dict[str, int]:
     """Write `tiktoken.model` and `tokenizer_config.json` into `out`; return the special
     token name -> id map used."""
-    if vocab_size < 256 + NUM_SPECIAL_SLOTS:
-        raise ValueError(f"a generated tokenizer needs vocab_size >= {256 + NUM_SPECIAL_SLOTS} "
-                         f"(256 byte tokens + {NUM_SPECIAL_SLOTS} special slots), got "
-                         f"{vocab_size}")
+    _check_vocab_size(vocab_size)
     first_special = vocab_size - NUM_SPECIAL_SLOTS
     ranks = train_bpe_ranks(TRAINING_CORPUS, min(NUM_GENERATED_RANKS, first_special))
+    return write_tokenizer_files(out, ranks, vocab_size)
+
+
+def write_tokenizer_files(out: Path, ranks: dict[bytes, int], vocab_size: int) -> dict[str, int]:
+    """Write the BPE `ranks` and CHAT_FORMAT.md §1's special tokens (in the last 256 ids of
+    `vocab_size`) as `tiktoken.model` and `tokenizer_config.json`; return the special ids."""
+    _check_vocab_size(vocab_size)
+    if max(ranks.values()) >= vocab_size - NUM_SPECIAL_SLOTS:
+        raise ValueError(f"{len(ranks)} BPE ranks do not fit below the {NUM_SPECIAL_SLOTS} special "
+                         f"slots of vocab_size {vocab_size}; train fewer ranks or raise vocab_size")
     specials = generated_special_ids(vocab_size)
     lines = [f"{base64.b64encode(token).decode('ascii')} {rank}"
              for token, rank in sorted(ranks.items(), key=lambda item: item[1])]
@@ -94,6 +101,13 @@ def write_tokenizer(out: Path, vocab_size: int) -> dict[str, int]:
     return specials
 
 
+def _check_vocab_size(vocab_size: int) -> None:
+    if vocab_size < 256 + NUM_SPECIAL_SLOTS:
+        raise ValueError(f"a generated tokenizer needs vocab_size >= {256 + NUM_SPECIAL_SLOTS} "
+                         f"(256 byte tokens + {NUM_SPECIAL_SLOTS} special slots), got "
+                         f"{vocab_size}")
+
+
 def generated_special_ids(vocab_size: int) -> dict[str, int]:
     """CHAT_FORMAT.md §1's special tokens placed in the last 256 ids of `vocab_size`."""
     first_special = vocab_size - NUM_SPECIAL_SLOTS
@@ -102,15 +116,18 @@ def generated_special_ids(vocab_size: int) -> dict[str, int]:
 
 
 @functools.lru_cache(maxsize=4)
-def train_bpe_ranks(text: str, num_ranks: int) -> dict[bytes, int]:
+def train_bpe_ranks(text: str, num_ranks: int, split_digits: bool = False) -> dict[bytes, int]:
     """Byte-level BPE: ranks 0..255 are the single bytes, then one rank per learned merge.
 
     Pieces come from Kimi's pre-tokenization pattern, so no merge crosses a piece boundary.
     Each step merges the most frequent adjacent pair (ties: the smaller pair of byte strings),
-    which makes the result a pure function of `text` and `num_ranks`.
+    which makes the result a pure function of `text`, `num_ranks` and `split_digits`.
+    `split_digits` learns no merge inside a run of digits (the pattern makes digit runs pieces
+    of their own), so every number encodes one token per digit.
     """
     ranks = {bytes([b]): b for b in range(256)}
-    pieces = Counter(p.encode("utf-8") for p in _pretokenizer().findall(text))
+    pieces = Counter(p.encode("utf-8") for p in _pretokenizer().findall(text)
+                     if not (split_digits and p.isdigit()))
     words = [[bytes([b]) for b in piece] for piece in pieces]
     counts = list(pieces.values())
     while len(ranks) < num_ranks:

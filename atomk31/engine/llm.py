@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import tempfile
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
@@ -11,19 +14,37 @@ from atomk31.engine.llm_engine import LLMEngine
 from atomk31.engine.outputs import RequestOutput
 from atomk31.engine.sampling_params import SamplingParams
 
+logger = logging.getLogger(__name__)
+
+
+def _built_in_model() -> Path:
+    """The shipped demo checkpoint; while the package ships none, the random tiny checkpoint
+    (seed 0, the same weights `atomk31 serve` falls back to), written to a temporary directory."""
+    from atomk31.checkpoint import make_checkpoint
+    from atomk31.demo.shipped import shipped_checkpoint
+
+    shipped = shipped_checkpoint()
+    if shipped is not None:
+        return shipped
+    logger.warning("the package ships no trained demo weights yet; LLM() serves the random tiny "
+                   "checkpoint")
+    return make_checkpoint("tiny", seed=0, out=tempfile.mkdtemp(prefix="atomk31-tiny-"),
+                           progress=False)
+
 
 class LLM:
     """An engine for offline batches.
 
-    Arguments are EngineConfig's (see its docstring): `model` is a checkpoint directory;
-    `dtype="auto"` means float32 compute and cache on CPU, BF16 compute and an FP8 cache on GPU.
+    Arguments are EngineConfig's (see its docstring): `model` is a checkpoint directory (None:
+    the built-in model, as `atomk31 serve` with no `--model`); `dtype="auto"` means float32
+    compute and cache on CPU, BF16 compute and an FP8 cache on GPU.
     `speculative_config`: DSpark speculative decoding, e.g. `{"model": DRAFT_DIR,
     "num_speculative_tokens": 5}` (atomk31/speculative_config.py).
     With ``tensor_parallel_size=N`` it starts N-1 more ranks on this node (one process per
     device) and stops them at `shutdown()` (or on leaving a ``with`` block).
     """
 
-    def __init__(self, model: str | os.PathLike, *, block_size: int = 128,
+    def __init__(self, model: str | os.PathLike | None = None, *, block_size: int = 128,
                  kernel_backend: str = "auto", dtype: str = "auto",
                  max_model_len: int | None = None, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 4096, enable_prefix_caching: bool = True,
@@ -37,6 +58,8 @@ class LLM:
                  enable_expert_parallel: bool = False, decode_context_parallel_size: int = 1,
                  token_sharded_prefill_min_tokens: int = 16384,
                  distributed_timeout_s: float = 600.0):
+        if model is None:
+            model = _built_in_model()
         options = EngineConfig(
             model=str(model), block_size=block_size, kernel_backend=kernel_backend, dtype=dtype,
             max_model_len=max_model_len, max_num_seqs=max_num_seqs,

@@ -1,0 +1,60 @@
+"""`python -m atomk31.demo.train --seed 0 --out DIR [--device cuda] [--max-minutes M]`.
+
+Writes DIR/checkpoint (the best weights: config.json, tokenizer files, model.safetensors,
+train_result.json), DIR/train_result.json and DIR/tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import torch
+
+from atomk31.demo.train.kda_backend import KDA_BACKENDS
+from atomk31.demo.train.loop import RunOptions, Trainer
+from atomk31.demo.train.settings import PROFILES
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m atomk31.demo.train",
+                                     description="train the built-in K3.1 demo model")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default=None,
+                        help="gpu | cpu | toy (default: gpu on a GPU, else cpu)")
+    parser.add_argument("--max-minutes", type=float, default=7.0,
+                        help="wall-clock budget from start-up; the best weights are kept")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="exact step count (default: fitted to --max-minutes)")
+    parser.add_argument("--kda-backend", choices=KDA_BACKENDS, default="torch",
+                        help="KDA scan: torch (default), fla (fla's chunk_kda on a GPU), auto (fla if "
+                        "it agrees with torch on a random batch)")
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="start from this checkpoint's weights (e.g. a previous run's "
+                        "DIR/checkpoint) instead of a random init")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.steps is not None and args.steps < 1:
+        raise SystemExit(f"--steps must be >= 1, got {args.steps}")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    profile = args.profile or ("gpu" if device.startswith("cuda") else "cpu")
+    options = RunOptions(seed=args.seed, out=args.out, profile=profile, device=device,
+                         max_minutes=args.max_minutes, steps=args.steps,
+                         kda_backend=args.kda_backend, init_from=args.init_from)
+    Trainer(options).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
