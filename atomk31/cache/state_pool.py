@@ -131,9 +131,11 @@ class KDAStatePool:
         self._free_slots.append(slot)
 
     def copy(self, src: int, dst: int) -> None:
-        """Copy slot `src`'s state (all layers) into slot `dst`: restore or take a snapshot."""
-        self._check_used(src)
-        self._check_used(dst)
+        """Copy slot `src`'s state (all layers) into slot `dst`: restore or take a snapshot.
+        Either may be a scratch slot (the graph replay check keeps a backup there)."""
+        for slot in (src, dst):
+            if not self.num_slots <= slot < self.num_slots + self.num_scratch_slots:
+                self._check_used(slot)
         if src == dst:
             return
         self.conv[:, dst].copy_(self.conv[:, src])

@@ -97,3 +97,19 @@ def test_state_pool_on_gpu() -> None:
     pool.recurrent[:, src] = 2.0
     pool.copy(src, dst)
     assert pool.recurrent.is_cuda and bool((pool.recurrent[:, dst] == 2.0).all())
+
+
+def test_copy_reaches_scratch_slots_and_refuses_free_ones():
+    """The graph replay check backs a request's state up into a scratch slot and restores it
+    (engine/graph_check.py): copy() takes scratch slots either way, and still refuses a free
+    request slot."""
+    pool = KDAStatePool(KDAStateSpec(1, 2, 4, 4, 8), 2, "cpu", num_scratch_slots=2)
+    slot = pool.allocate()
+    pool.recurrent[:, slot] = 3.0
+    backup = pool.scratch_slot(1)
+    pool.copy(slot, backup)
+    pool.recurrent[:, slot] = 0.0
+    pool.copy(backup, slot)
+    assert torch.equal(pool.recurrent[:, slot], torch.full_like(pool.recurrent[:, slot], 3.0))
+    with pytest.raises(ValueError, match="free"):
+        pool.copy(slot, 1 - slot)

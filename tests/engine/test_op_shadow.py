@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from atomk31 import LLM, SamplingParams
-from atomk31.engine import llm_engine
+from atomk31.engine import rank
 from atomk31.ops import KernelContext, Target, registry, select_kernels
 from atomk31.ops.shadow import ShadowOpTable
 
@@ -74,14 +74,14 @@ def test_shadow_can_follow_the_checked_backend():
 
 @pytest.mark.gpu
 def test_every_triton_op_matches_torch_in_the_float32_engine(tiny_checkpoint, monkeypatch):
-    real_select = llm_engine.select_kernels
+    real_select = rank.select_kernels
 
     def shadowed(backend, context):
         kernels = real_select("triton", context)
         table = ShadowOpTable(kernels.eager, real_select("torch", context).eager)
         shadowed.table = table
         return dataclasses.replace(kernels, eager=table)
-    monkeypatch.setattr(llm_engine, "select_kernels", shadowed)
+    monkeypatch.setattr(rank, "select_kernels", shadowed)
     # eager: the shadow table reads both results on the host, which a graph capture cannot
     llm = LLM(tiny_checkpoint, block_size=16, dtype="float32", kv_cache_dtype="fp32",
               kernel_backend="triton", device="cuda", kv_cache_memory=512 << 20,
