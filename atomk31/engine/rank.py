@@ -146,6 +146,14 @@ def _agreed_budget(options: EngineConfig, device: torch.device,
         free, _ = torch.cuda.mem_get_info(device)
         total = torch.cuda.get_device_properties(device).total_memory
         budget = int(free - (1 - options.gpu_memory_utilization) * total)
+        if budget <= 0:
+            raise ValueError(
+                f"no GPU memory left for the cache: {free / 2**30:.1f} GiB of "
+                f"{total / 2**30:.1f} GiB are free after loading the model, and "
+                f"--gpu-memory-utilization {options.gpu_memory_utilization} keeps "
+                f"{(1 - options.gpu_memory_utilization) * total / 2**30:.1f} GiB in reserve; "
+                "raise it, pass --kv-cache-memory, or free the memory another engine or "
+                "process holds on this device")
     if not parallel.layout.is_distributed:
         return budget
     agreed = torch.tensor([budget], dtype=torch.int64, device=device)

@@ -36,7 +36,11 @@ SCALED_MFMA_EXAMPLES: dict[str, dict[str, set[str] | None]] = {}
 
 # (arch or "*", example name or "<name>@<case>") -> what the check found (measured with
 # triton 3.x, this repo's kernels). Strict: a fixed kernel turns its test red (XPASS).
-KNOWN_FAILURES: dict[tuple[str, str], str] = {}
+KNOWN_FAILURES: dict[tuple[str, str], str] = {
+    ("gfx950", "indexer_score[mxfp4]@ones"):
+        "326 unified VGPRs with every size specialized to 1 (one row, one key block): one wave "
+        "per SIMD, no scratch; the fp8 keys and the other size cases stay within two waves",
+}
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,7 @@ def test_serve_names_the_shipped_model_atomk31_demo(monkeypatch, tiny_checkpoint
     monkeypatch.setattr(uvicorn, "Server", FakeServer)
     parser = __import__("argparse").ArgumentParser()
     launch.add_serve_arguments(parser)
-    assert launch.serve(parser.parse_args([])) == 0
+    assert launch.serve(parser.parse_args([]), atomk31.cli.ensure_default_model) == 0
     assert started["app"].state.served_model_name == launch.DEMO_MODEL_NAME == "atomk31-demo"
 
 

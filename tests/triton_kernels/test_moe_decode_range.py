@@ -214,7 +214,7 @@ def test_latent_moe_computes_the_flag_once_and_passes_it(outside, allowed):
                              routed_scaling_factor=1.0, activation_situ_beta=4.0,
                              activation_situ_linear_beta=25.0, rms_norm_eps=1e-6,
                              routed_expert_hidden_size=None, latent_moe_use_norm=False,
-                             num_shared_experts=0, num_experts=3)
+                             num_shared_experts=0, num_experts=3, moe_intermediate_size=32)
     weights = WeightSource(latent_moe_tensors(3, 64, 32, outside), torch.float32,
                            torch.device("cpu"))
     ops = OpSpy()
