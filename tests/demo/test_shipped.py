@@ -33,6 +33,7 @@ def test_serve_names_the_shipped_model_atomk31_demo(monkeypatch, tiny_checkpoint
     started = {}
 
     class FakeServer:
+        should_exit = True       # the engine watchdog stops at once
         def __init__(self, config):
             started["app"] = config.app
             self.started = True
