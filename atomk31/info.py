@@ -60,15 +60,18 @@ def run_info(args: argparse.Namespace) -> int:
     steps = [("eager steps", kernels.eager)]
     if target.is_gpu:           # graphs need a GPU: on a CPU there is no graph table to show
         steps.append(("graph steps", kernels.graph))
-    for step, table in steps:
+    rows = {step: [(op if shape == "any" else f"{op} [{shape}]", chosen, kernel, passed_over)
+                   for op, shape, chosen, kernel, passed_over in table.describe()]
+            for step, table in steps}
+    width = max(len(row[0]) for table_rows in rows.values() for row in table_rows)
+    for step, table_rows in rows.items():
         print(f"{step}:")
-        for op, shape, chosen, kernel, passed_over in table.describe():
-            name = op if shape == "any" else f"{op} [{shape}]"
-            print(f"  {name:<28} {chosen:<7} {kernel}")
+        for name, chosen, kernel, passed_over in table_rows:
+            print(f"  {name:<{width}} {chosen:<7} {kernel}")
             # the implementations passed over (targets without one are not listed)
             reasons = [r for r in passed_over.split("; ") if r and "no kernel yet" not in r]
             if reasons:
-                print(f"  {'':<28} passed over: {'; '.join(reasons)}")
+                print(f"  {'':<{width}} passed over: {'; '.join(reasons)}")
     why_eager = why_no_decode_graphs(kernels, enforce_eager=False, ops_called=RELEASE_OPS)
     print("decode steps: " + ("replayed from CUDA graphs (--enforce-eager: eager)"
                               if why_eager is None else f"eager ({why_eager})"))
