@@ -98,12 +98,20 @@ def _profile_one_step(engine: LLMEngine, step: str, trace: Path) -> dict:
 
 def op_breakdown(events: list, step_key: str, on_gpu: bool) -> dict:
     """From profiler averages: the step's time, its time per op (`op:` ranges), the remainder
-    outside the op table and the top kernels (GPU) or torch ops (CPU) by self time."""
-    step = next(e for e in events if e.key == step_key)
+    outside the op table and the top kernels (GPU) or torch ops (CPU) by self time.
+
+    On a GPU every range appears twice: as the host-side range, whose device time is the sum
+    of the kernels launched inside it, and as its device-side annotation, whose time is the
+    span from its first kernel's start to its last kernel's end, queueing included (eager
+    launches run behind the host, so those spans overlap each other). Only the host-side
+    ranges are read: their kernel times add up, and the step's is its busy time."""
+    ranges = [e for e in events if e.key.startswith((OP_PREFIX, STEP_PREFIX))
+              and getattr(e, "device_type", DeviceType.CPU) == DeviceType.CPU]
+    step = next(e for e in ranges if e.key == step_key)
     step_ms = _total_ms(step, on_gpu)
     ops = sorted(({"op": e.key[len(OP_PREFIX):], "calls": e.count, "ms": _total_ms(e, on_gpu),
                    "share": _total_ms(e, on_gpu) / step_ms if step_ms else 0.0}
-                  for e in events if e.key.startswith(OP_PREFIX)), key=lambda r: -r["ms"])
+                  for e in ranges if e.key.startswith(OP_PREFIX)), key=lambda r: -r["ms"])
     # on a GPU the kernels themselves (not the torch ops that launched them, which would count
     # each kernel twice); on a CPU the torch ops
     inner = [e for e in events if not e.key.startswith((OP_PREFIX, STEP_PREFIX))

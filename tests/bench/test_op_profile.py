@@ -35,3 +35,35 @@ def test_profile_breaks_one_decode_step_and_one_prefill_chunk_down_by_op(engine,
         trace = json.loads(trace_path(path, step).read_text())
         names = {event.get("name") for event in trace["traceEvents"]}
         assert "op:moe_route" in names and f"step:{step}" in names
+
+
+def test_gpu_breakdown_reads_each_range_once_from_its_host_side():
+    """On a GPU the profiler lists every record_function range twice: the host-side range
+    (device time = the kernels launched inside it) and its device-side annotation (a span that
+    queueing inflates; eager spans overlap). The breakdown takes the host-side ranges only, so
+    each op appears once and the ops never add up to more than the step."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from atomk31.bench.op_profile import op_breakdown
+
+    def event(key, device_ms, device_type, calls=1):
+        us = device_ms * 1e3
+        return SimpleNamespace(key=key, count=calls, device_type=device_type, cpu_time_total=0.0,
+                               self_cpu_time_total=0.0, device_time_total=us,
+                               self_device_time_total=us)
+
+    events = [event("step:decode", 6.0, DeviceType.CUDA),
+              event("step:decode", 4.0, DeviceType.CPU),
+              event("op:moe_experts_mxfp4", 1.5, DeviceType.CPU, 7),
+              event("op:moe_experts_mxfp4", 3.9, DeviceType.CUDA, 7),
+              event("op:rms_norm", 0.5, DeviceType.CPU, 11),
+              event("op:rms_norm", 2.8, DeviceType.CUDA, 11),
+              event("gemv_kernel", 1.5, DeviceType.CUDA, 7)]
+    breakdown = op_breakdown(events, "step:decode", on_gpu=True)
+    assert breakdown["step_ms"] == 4.0
+    assert [(row["op"], row["calls"], row["ms"]) for row in breakdown["ops"]] == \
+        [("moe_experts_mxfp4", 7, 1.5), ("rms_norm", 11, 0.5)]
+    assert breakdown["outside_ops_ms"] == 2.0
+    assert [k["name"] for k in breakdown["top_kernels"]] == ["gemv_kernel"]
