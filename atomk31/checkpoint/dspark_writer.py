@@ -24,9 +24,9 @@ from typing import Any, Mapping
 import torch
 from safetensors.torch import save_file
 
-from atomk31.checkpoint.dspark_schema import expected_draft_tensors
+from atomk31.checkpoint.dspark_schema import check_draft_tensors, expected_draft_tensors
 from atomk31.checkpoint.random_init import PlannedParameter, draw, init_rule
-from atomk31.checkpoint.shards import SINGLE_FILE
+from atomk31.checkpoint.shards import SINGLE_FILE, read_checkpoint_headers
 from atomk31.speculative_config import DraftConfig
 
 logger = logging.getLogger(__name__)
@@ -66,9 +66,6 @@ def write_random_draft(config_json: dict[str, Any], seed: int, out: str | os.Pat
                        device: str | torch.device = "cpu") -> Path:
     """Write a random draft for any valid draft config.json contents."""
     config = DraftConfig.from_dict(config_json, source="the draft config to write")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
     generator = torch.Generator(device=torch.device(device)).manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}
     for name, spec in expected_draft_tensors(config).items():
@@ -76,6 +73,23 @@ def write_random_draft(config_json: dict[str, Any], seed: int, out: str | os.Pat
                                      dtypes=(spec.dtypes[0],), draw_shape=spec.shape,
                                      rule=init_rule(name, spec))
         tensors.update({n: t.cpu() for n, t in draw(parameter, generator).items()})
-    save_file(tensors, out / SINGLE_FILE, metadata={"format": "pt"})
+    write_draft(config_json, tensors, out)
     logger.info("wrote a random DSpark draft (seed %d) to %s", seed, out)
+    return Path(out)
+
+
+def write_draft(config_json: dict[str, Any], tensors: Mapping[str, torch.Tensor],
+                out: str | os.PathLike, metadata: Mapping[str, str] | None = None) -> Path:
+    """Write a draft's config.json and its tensors (the schema's tensors cast to its dtype)
+    into `out`, then check what was written as the engine's loader does (CheckpointError)."""
+    config = DraftConfig.from_dict(config_json, source="the draft config to write")
+    specs = expected_draft_tensors(config)
+    typed = {name: value.detach().cpu().to(specs[name].dtypes[0] if name in specs
+                                           else value.dtype).contiguous()
+             for name, value in tensors.items()}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
+    save_file(typed, out / SINGLE_FILE, metadata={"format": "pt", **(metadata or {})})
+    check_draft_tensors(config, read_checkpoint_headers(out), source=f"the draft written to {out}")
     return out
