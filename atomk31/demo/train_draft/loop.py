@@ -59,6 +59,7 @@ class DraftRunOptions:
     peak_lr: float = 3e-3
     warmup_steps: int = 15
     eval_per_family: int = 8
+    eval_families: tuple[str, ...] = FAMILIES
     eval_every_s: float = 600.0
     family_weights: tuple[float, ...] = (0.35, 0.1, 0.35, 0.2)   # FAMILIES order
     passkey_tokens: tuple[int, int] = (120, 300)
@@ -131,12 +132,12 @@ class DraftTrainer:
         return run_target(self.target, examples, self.pad_id, self.config.target_layer_ids)
 
     def _eval_set(self) -> list[TargetBatch]:
-        per = self.options.eval_per_family
-        weights = [tuple(float(i == f) for i in range(len(FAMILIES))) for f in range(len(FAMILIES))]
+        """One batch per family of `eval_families`: the first instances of the eval split."""
         batches = []
-        for family_weights in weights:
-            examples = draw_examples(random.Random(f"eval/{family_weights}"), "eval",
-                                     self.options.seed, per, family_weights,
+        for family in self.options.eval_families:
+            weights = tuple(float(f == family) for f in FAMILIES)
+            examples = draw_examples(random.Random(f"eval/{family}"), "eval", self.options.seed,
+                                     self.options.eval_per_family, weights,
                                      self.options.passkey_tokens, self.tokenizer, 0)
             batches.append(run_target(self.target, examples, self.pad_id,
                                       self.config.target_layer_ids))

@@ -4,7 +4,10 @@ run over a padded batch to give what the draft learns from.
 `TargetOutputs` per token: the AttnRes prefix after each tapped layer (MODEL_SPEC §4.3, §5.4:
 what the engine's `forward_with_taps` hands the draft), and the target's greedy next token
 (argmax of its logits). The target runs with its shipped quantization (MXFP4 routed experts, FP8
-MLA latents), the values the engine serves, and dense causal MLA: the demo sequences are
+MLA latents), the values the engine serves; the experts read from the checkpoint are MXFP4
+values already, whose re-quantization at every forward (the trainer's straight-through path)
+is an identity that costs a third of the forward on a CPU, so it is switched off. Dense causal
+MLA: the demo sequences are
 shorter than the indexer's top-k (256), where the sparse selection keeps every key anyway.
 """
 
@@ -41,6 +44,8 @@ class FrozenTarget:
         self.model = DemoModel(self.config)
         read_checkpoint(self.model, Path(checkpoint))
         self.model.set_quantized(True)
+        for moe in self.model.moe_layers():    # already on the MXFP4 grid: skip re-quantizing
+            moe.quantize = False
         self.model.to(device).eval().requires_grad_(False)
 
     @property

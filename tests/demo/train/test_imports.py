@@ -1,14 +1,18 @@
-"""The trainer is plain PyTorch: nothing it imports, directly or not, is engine or kernel code."""
+"""The trainers (the demo model's and its draft's) are plain PyTorch: nothing they import,
+directly or not, is engine or kernel code."""
 
+import pytest
 from test_import_graph import import_graph
 
 FORBIDDEN = ("atomk31.engine", "atomk31.model", "atomk31.ops", "atomk31.triton_kernels",
              "gluon_kernels", "flydsl_kernels")
 
 
-def test_the_trainer_reaches_no_engine_or_kernel_module():
+@pytest.mark.parametrize("trainer", ["atomk31.demo.train", "atomk31.demo.train_draft"])
+def test_the_trainer_reaches_no_engine_or_kernel_module(trainer):
     graph = import_graph()
-    seen, todo = set(), [m for m in graph if m.startswith("atomk31.demo.train")]
+    seen, todo = set(), [m for m in graph if m == trainer or m.startswith(trainer + ".")]
+    assert todo, f"no module {trainer} in the import graph"
     while todo:
         module = todo.pop()
         if module not in seen:
