@@ -53,3 +53,21 @@ def test_make_checkpoint_cli_writes_a_loadable_deterministic_draft(tmp_path, cap
     assert not torch.equal(first["context_proj.weight"],
                            load_file(other / "model.safetensors")["context_proj.weight"])
     assert json.loads((tmp_path / "a" / "config.json").read_text())["model_type"] == "k3_dspark"
+
+
+def test_write_draft_casts_to_the_schema_and_refuses_tensors_that_do_not_fit(tmp_path):
+    from atomk31.checkpoint.dspark_writer import write_draft
+    from atomk31.checkpoint.errors import CheckpointError
+
+    config_json = draft_preset_config("tiny-dspark")
+    specs = expected_draft_tensors(DraftConfig.from_dict(config_json))
+    tensors = {name: torch.randn(spec.shape) for name, spec in specs.items()}   # float32
+    write_draft(config_json, tensors, tmp_path / "good")
+    stored = load_file(tmp_path / "good" / "model.safetensors")
+    assert {t.dtype for t in stored.values()} == {torch.bfloat16}
+    torch.testing.assert_close(stored["context_norm.weight"].float(),
+                               tensors["context_norm.weight"].bfloat16().float())
+    tensors["final_norm.weight"] = torch.ones(7)
+    with pytest.raises(CheckpointError, match=r"(?s)does not match its config.json.*"
+                                              r"final_norm.weight: expected shape \[256\]"):
+        write_draft(config_json, tensors, tmp_path / "bad")

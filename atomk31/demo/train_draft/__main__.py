@@ -31,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="exact step count (default: until --max-minutes)")
     parser.add_argument("--size", choices=DRAFT_SIZES, default="demo")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="continue from a draft this trainer wrote (same target and size)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     return parser
 
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--steps must be >= 1, got {args.steps}")
     options = DraftRunOptions(target=args.target, out=args.out, seed=args.seed,
                               max_minutes=args.max_minutes, steps=args.steps, size=args.size,
-                              device=args.device)
+                              device=args.device, init_from=args.init_from)
     DraftTrainer(options).run()
     return 0
 

@@ -25,9 +25,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
 from atomk31.checkpoint import Tokenizer
 from atomk31.checkpoint.dspark_writer import write_draft
+from atomk31.checkpoint.shards import SINGLE_FILE
 from atomk31.demo.tasks import FAMILIES
 from atomk31.demo.train.data import IGNORE
 from atomk31.demo.train_draft.data import (Blocks, TargetBatch, anchors_of, cut_blocks,
@@ -63,6 +65,7 @@ class DraftRunOptions:
     eval_every_s: float = 600.0
     family_weights: tuple[float, ...] = (0.35, 0.1, 0.35, 0.2)   # FAMILIES order
     passkey_tokens: tuple[int, int] = (120, 300)
+    init_from: Path | None = None      # a draft written by this trainer, to train further
 
 
 def draft_loss(draft: TrainableDraft, batch: TargetBatch, blocks: Blocks,
@@ -116,14 +119,27 @@ class DraftTrainer:
         if problems:
             raise ValueError("the draft config does not fit the target: " + "; ".join(problems))
         self.draft = TrainableDraft(self.config).to(options.device)
-        with torch.no_grad():
-            self.draft.final_norm.weight.copy_(self.target.final_norm)
+        if options.init_from is not None:
+            self._load_draft(Path(options.init_from))
+        else:
+            with torch.no_grad():
+                self.draft.final_norm.weight.copy_(self.target.final_norm)
         self.optimizer = torch.optim.AdamW(self.draft.parameters(), lr=options.peak_lr,
                                            betas=(0.9, 0.95), weight_decay=0.01)
         self.pool: list[TargetBatch] = []
         self.next_index = 0
         self.history: list[dict[str, Any]] = []
         self.best: tuple[float, dict[str, torch.Tensor], dict[str, Any]] | None = None
+
+    def _load_draft(self, path: Path) -> None:
+        written = json.loads((path / "config.json").read_text())
+        if written != self.config_json:
+            raise ValueError(f"{path} holds a draft of another config than this run's "
+                             f"--size {self.options.size} for this target; pass a draft this "
+                             "trainer wrote for the same target and size")
+        tensors = load_file(path / SINGLE_FILE)
+        self.draft.load_state_dict({k: v.float() for k, v in tensors.items()})
+        logger.info("starting from the draft in %s", path)
 
     def _target_batch(self, split: str, count: int, start: int) -> TargetBatch:
         examples = draw_examples(self.rng, split, self.options.seed, count,

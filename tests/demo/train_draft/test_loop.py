@@ -1,11 +1,13 @@
 """A toy-size distillation run of a few steps (the toy draft of a random toy-size target) writes
 a draft that the engine's config check and checkpoint loader accept, with its result file; the
 demo-size draft config fits the shipped target; the mask token is a reserved slot; a bad size is
-refused."""
+refused; a run continues from a draft it wrote, and only from one of its own config."""
 
+import dataclasses
 import json
 
 import pytest
+import torch
 
 from atomk31.checkpoint import Tokenizer
 from atomk31.checkpoint.dspark_schema import load_draft_checkpoint
@@ -44,6 +46,13 @@ def test_a_few_toy_steps_write_a_draft_the_engine_loads(tmp_path, toy_target):
     assert spec.draft.hidden_size == 128 and spec.draft.target_layer_ids == (0, 1)
     tensors = load_draft_checkpoint(tmp_path / "draft", spec.draft)
     assert tensors["markov_head.markov_w2.weight"].abs().sum() > 0   # trained away from zero
+
+    further = DraftTrainer(dataclasses.replace(options, init_from=tmp_path / "draft"))
+    state = further.draft.state_dict()
+    assert all(torch.equal(state[name], tensors[name].float()) for name in tensors)
+    with pytest.raises(ValueError, match="holds a draft of another config than this run's "
+                                         "--size demo"):
+        DraftTrainer(dataclasses.replace(options, size="demo", init_from=tmp_path / "draft"))
 
 
 def test_the_demo_draft_config_fits_the_target():
