@@ -7,7 +7,6 @@ train_result.json), DIR/train_result.json and DIR/tokenizer.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch
 
 from atomk31.demo.train.kda_backend import KDA_BACKENDS
 from atomk31.demo.train.loop import RunOptions, Trainer
+from atomk31.demo.train.run_setup import start_run
 from atomk31.demo.train.settings import PROFILES
 
 
@@ -42,11 +42,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.steps is not None and args.steps < 1:
-        raise SystemExit(f"--steps must be >= 1, got {args.steps}")
+    start_run(args.threads, args.steps)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     profile = args.profile or ("gpu" if device.startswith("cuda") else "cpu")
     options = RunOptions(seed=args.seed, out=args.out, profile=profile, device=device,

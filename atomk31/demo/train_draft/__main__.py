@@ -8,12 +8,10 @@ DIR/train_result.json. The shipped draft: `--target atomk31/demo/weights --threa
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
-import torch
-
+from atomk31.demo.train.run_setup import start_run
 from atomk31.demo.train_draft.draft_config import DRAFT_SIZES
 from atomk31.demo.train_draft.loop import DraftRunOptions, DraftTrainer
 
@@ -39,11 +37,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.steps is not None and args.steps < 1:
-        raise SystemExit(f"--steps must be >= 1, got {args.steps}")
+    start_run(args.threads, args.steps)
     options = DraftRunOptions(target=args.target, out=args.out, seed=args.seed,
                               max_minutes=args.max_minutes, steps=args.steps, size=args.size,
                               device=args.device, init_from=args.init_from)

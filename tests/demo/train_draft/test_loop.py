@@ -75,3 +75,10 @@ def test_an_unknown_size_and_a_tokenizer_without_reserved_slots_are_refused():
 
     with pytest.raises(ValueError, match="no reserved special slot for the draft's mask token"):
         mask_token_of(NoSlots(), 16)
+
+
+def test_the_command_line_refuses_a_step_count_below_one(tmp_path):
+    from atomk31.demo.train_draft.__main__ import main
+
+    with pytest.raises(SystemExit, match="--steps must be >= 1, got 0"):
+        main(["--target", str(tmp_path), "--out", str(tmp_path / "out"), "--steps", "0"])
