@@ -3,11 +3,11 @@
 Figures (greedy, `kernel_backend="torch"`, the task families' eval prompts):
 - per family, the mean acceptance length (tokens emitted per verify step, the engine's
   `speculation_stats()`) at 3, 5 and 7 draft tokens;
-- decode tokens per second with and without speculation (5 drafts) at 1 and 16 requests: the
-  output tokens after each request's first over the wall time of a full `generate` less that
-  of a `max_tokens=1` one (prefill and first token), end of message honoured. Greedy outputs
-  are the same with and without speculation, which the run checks, so both sides decode the
-  same tokens.
+- decode tokens per second with and without speculation (5 drafts) at 1 request (each family's
+  first prompt alone, in turn) and 16 (four per family, one batch): the output tokens after each
+  request's first over the wall time of a full `generate` less that of a `max_tokens=1` one
+  (prefill and first token), end of message honoured. Greedy outputs are the same with and
+  without speculation, which the run checks, so both sides decode the same tokens.
 
 Run: python -m benchmarks.engine.spec_acceptance [--prompts-per-family 4] [--max-tokens 64]
 [--threads 2]; writes benchmarks/results/<date>_cpu_spec_decode.json.
@@ -50,7 +50,8 @@ def make_llm(num_drafts: int | None):
 
     spec = None if num_drafts is None else {"model": "builtin",
                                             "num_speculative_tokens": num_drafts}
-    return LLM(kernel_backend="torch", speculative_config=spec)
+    # 16 sequences at most: the CPU cache budget holds 1 + k KDA states per sequence
+    return LLM(kernel_backend="torch", max_num_seqs=max(BATCHES), speculative_config=spec)
 
 
 def acceptance(prompts: dict[str, list[list[int]]], max_tokens: int) -> dict[str, dict]:
@@ -74,38 +75,40 @@ def acceptance(prompts: dict[str, list[list[int]]], max_tokens: int) -> dict[str
     return figures
 
 
-def decode_rate(llm, prompts: list[list[int]], max_tokens: int) -> tuple[float, list]:
-    """(decode tokens per second, the greedy token ids) of `prompts` run as one batch."""
+def decode_rate(llm, batches: list[list[list[int]]], max_tokens: int) -> tuple[float, list]:
+    """(decode tokens per second, the greedy token ids) of `batches` run one after another,
+    each as one `generate` call."""
     from atomk31 import SamplingParams
 
     first = SamplingParams(temperature=0.0, max_tokens=1)
     full = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    llm.generate(prompts, first)                                    # warm-up
-    start = time.perf_counter()
-    llm.generate(prompts, first)
-    prefill_s = time.perf_counter() - start
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, full)
-    total_s = time.perf_counter() - start
-    tokens = [o.outputs[0].token_ids for o in outputs]
-    decoded = sum(len(t) - 1 for t in tokens)
-    return decoded / max(total_s - prefill_s, 1e-9), tokens
+    llm.generate(batches[0], first)                                 # warm-up
+    seconds, tokens = 0.0, []
+    for prompts in batches:
+        start = time.perf_counter()
+        llm.generate(prompts, first)
+        prefill_s = time.perf_counter() - start
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, full)
+        seconds += time.perf_counter() - start - prefill_s
+        tokens += [o.outputs[0].token_ids for o in outputs]
+    return sum(len(t) - 1 for t in tokens) / max(seconds, 1e-9), tokens
 
 
 def throughput(prompts: dict[str, list[list[int]]], max_tokens: int) -> dict[str, dict]:
-    """Per batch size: decode tokens per second with and without speculation. The batch takes
-    the families' prompts in turn (prompt 0 of each family, then prompt 1, ...)."""
-    per_family = zip(*prompts.values())
-    mixed = [p for group in per_family for p in group]
+    """Per batch size: decode tokens per second with and without speculation. One request:
+    prompt 0 of every family, one at a time; 16: the families' prompts in turn (prompt 0 of
+    each family, then prompt 1, ...) as one batch."""
+    mixed = [p for group in zip(*prompts.values()) for p in group]
     if len(mixed) < max(BATCHES):
         raise ValueError(f"{len(mixed)} prompts for a batch of {max(BATCHES)}; pass "
                          f"--prompts-per-family {-(-max(BATCHES) // len(prompts))} or more")
     plain, spec = make_llm(None), make_llm(THROUGHPUT_DRAFTS)
     figures = {}
     for batch in BATCHES:
-        batch_prompts = mixed[:batch]
-        plain_rate, plain_tokens = decode_rate(plain, batch_prompts, max_tokens)
-        spec_rate, spec_tokens = decode_rate(spec, batch_prompts, max_tokens)
+        batches = [[p] for p in mixed[:len(prompts)]] if batch == 1 else [mixed[:batch]]
+        plain_rate, plain_tokens = decode_rate(plain, batches, max_tokens)
+        spec_rate, spec_tokens = decode_rate(spec, batches, max_tokens)
         if plain_tokens != spec_tokens:
             raise RuntimeError(f"greedy outputs differ with speculation at {batch} requests: "
                                "the engine's speculative path is not exact; run "
