@@ -1,5 +1,5 @@
 """A real uvicorn server on loopback in a background thread, for tests that speak HTTP to the
-app (tests/server, tests/bench)."""
+app (tests/server, tests/bench, tests/demo)."""
 
 from __future__ import annotations
 

@@ -15,6 +15,12 @@ synchronized around it. The timed steps end one key short of the nominal context
 attending the C-th key would take a KDA prefix snapshot when C is a multiple of
 --kda-snapshot-interval, as 2048, 32768 and 131072 are): they attend C - N .. C - 1 keys.
 MBU = step bytes / median step time / copy bandwidth.
+
+With speculative decoding (--speculative-config) a step verifies drafts and emits up to
+1 + num_speculative_tokens tokens per request: the window leaves room for that many per step,
+the timed steps' speculation counters give the tokens emitted per request and step, and
+tokens/s = batch x that / median step time. Synthetic contexts are random tokens, so their
+acceptance is not the model's on real text (benchmarks/engine/ has task-based measurements).
 """
 
 from __future__ import annotations
@@ -96,24 +102,34 @@ def measure_prefill(engine: LLMEngine, num_tokens: int, num_runs: int, ceilings:
             "mfu": flops.total / ttft / ceilings.matmul_flop_per_s}
 
 
-def decode_window(context: int, num_steps: int, warmup_steps: int) -> tuple[int, int]:
-    """(keys the first warm-up step attends, keys the first timed step attends): the window of
-    warm-up, counting and timed steps ends at context - 1 keys (module docstring)."""
-    window = warmup_steps + 1 + num_steps
+def max_tokens_per_step(engine: LLMEngine) -> int:
+    """Tokens a decode step can emit per request: 1, or 1 + the drafts verified."""
+    spec = engine.config.speculative
+    return 1 + (spec.num_speculative_tokens if spec is not None else 0)
+
+
+def decode_window(context: int, num_steps: int, warmup_steps: int,
+                  tokens_per_step: int = 1) -> tuple[int, int]:
+    """(keys the first warm-up step attends, keys the first timed step attends at most): the
+    window of warm-up, counting and timed steps, each emitting up to `tokens_per_step` tokens,
+    ends at context - 1 keys at the latest (module docstring)."""
+    window = (warmup_steps + 1 + num_steps) * tokens_per_step
     first = context - window
     if first < 1:
         raise BenchmarkError(f"context {context} is too short for {warmup_steps} warm-up, one "
                          f"counting and {num_steps} timed steps; pass --context-lens of at least "
                          f"{window + 1} or fewer --num-steps / --warmup-steps")
-    return first, first + warmup_steps + 1
+    return first, first + (warmup_steps + 1) * tokens_per_step
 
 
 def measure_decode(engine: LLMEngine, batch_size: int, context: int, options: LatencyOptions,
                    ceilings: Ceilings, rng: np.random.Generator) -> dict:
     """Decode step time of `batch_size` requests near `context` keys (module docstring)."""
-    first, first_timed = decode_window(context, options.num_steps, options.warmup_steps)
+    per_step = max_tokens_per_step(engine)
+    first, first_timed = decode_window(context, options.num_steps, options.warmup_steps,
+                                       per_step)
     request_ids = place_batch(engine, batch_size, first,
-                              options.warmup_steps + 1 + options.num_steps, rng)
+                              (options.warmup_steps + 1 + options.num_steps) * per_step, rng)
     preemptions = engine.scheduler.num_preemptions
     try:
         for _ in range(options.warmup_steps):
@@ -121,9 +137,11 @@ def measure_decode(engine: LLMEngine, batch_size: int, context: int, options: La
         recorder = OpWatcher(record_routes=True)
         with watched_eager_steps(engine, recorder):
             engine.step()
-        replays = _graph_replays(engine)
+        replays, before = _graph_replays(engine), engine.speculation_stats()
         times = [timed_step(engine) for _ in range(options.num_steps)]
         replays = _graph_replays(engine) - replays
+        speculation = (engine.speculation_stats().since(before)
+                       if before is not None else None)
     finally:
         for request_id in request_ids:
             engine.abort_request(request_id)
@@ -143,13 +161,30 @@ def measure_decode(engine: LLMEngine, batch_size: int, context: int, options: La
                      + (f": {'; '.join(refused)}" if refused else ""))
     return {"batch_size": batch_size, "context": context, "context_source": "synthetic",
             "mode": _decode_mode(replays, options.num_steps),
-            "first_context": first_timed, "last_context": first_timed + options.num_steps - 1,
+            "first_context": first_timed,
+            "last_context": first_timed + options.num_steps * per_step - 1,
             "step_ms": stats, "step_ms_runs": [t * 1e3 for t in times],
             "num_distinct_experts": recorder.distinct_experts(),
             "bytes": {**vars(step_bytes), "total": step_bytes.total},
             "bytes_per_s": step_bytes.total / seconds,
             "mbu": step_bytes.total / seconds / ceilings.copy_bytes_per_s,
-            "notes": notes}
+            **_tokens_per_step(speculation, batch_size, seconds), "notes": notes}
+
+
+def _tokens_per_step(speculation, batch_size: int, step_seconds: float) -> dict:
+    """Tokens each request got per timed step (1 without speculation), tokens/s, and the timed
+    window's speculation counters (None without speculation)."""
+    per_step = 1.0
+    counts = None
+    if speculation is not None:
+        if speculation.num_verify_steps:
+            per_step = speculation.mean_acceptance_length
+        counts = {"verify_steps": speculation.num_verify_steps,
+                  "draft_tokens": speculation.num_draft_tokens,
+                  "accepted_tokens": speculation.num_accepted_tokens,
+                  "acceptance_rate": speculation.acceptance_rate}
+    return {"tokens_per_step": per_step, "tokens_per_s": batch_size * per_step / step_seconds,
+            "speculation": counts}
 
 
 def _graph_replays(engine: LLMEngine) -> int:

@@ -115,12 +115,14 @@ def format_latency(figures: dict, summary: dict) -> str:
         lines.append("decode: contexts placed synthetically (random cache rows and KDA states), "
                      "steps run and timed as the engine runs them")
         lines.append(f"{'batch':>5} {'context':>8} {'mode':>10} {'step ms':>9} {'mean ms':>9} "
-                     f"{'bytes':>9} {'B/s':>10} {'MBU':>7} {'experts':>7}")
+                     f"{'bytes':>9} {'B/s':>10} {'MBU':>7} {'experts':>7} {'tok/step':>8} "
+                     f"{'tok/s':>9}")
         for d in figures["decode"]:
             lines.append(f"{d['batch_size']:>5} {d['context']:>8} {d['mode']:>10} "
                          f"{d['step_ms']['median']:>9.3f} {d['step_ms']['mean']:>9.3f} "
                          f"{_rate(d['bytes']['total'], ''):>9} {_rate(d['bytes_per_s'], ''):>10} "
-                         f"{d['mbu']:>7.1%} {d['num_distinct_experts']:>7}"
+                         f"{d['mbu']:>7.1%} {d['num_distinct_experts']:>7} "
+                         f"{d['tokens_per_step']:>8.2f} {d['tokens_per_s']:>9.1f}"
                          + "".join(f"\n      note: {n}" for n in d["notes"]))
     return "\n".join(lines)
 

@@ -237,13 +237,16 @@ class DecodeGraphs:
                 logits = self.forward(inputs.batch, self.graph_ops)
         except OpUnavailableError as failure:
             self.enabled = False
-            logger.warning("CUDA graphs off: %s; decoding eagerly", failure)
+            logger.warning("CUDA graphs off: %s; decoding eagerly", str(failure))
             return None
         except Exception as failure:       # noqa: BLE001 (any kernel's error: refuse the shape)
+            # logged and kept as text: a record holding the exception would hold its traceback,
+            # whose frames hold this engine (its pools stay allocated while any handler, pytest's
+            # log capture for one, keeps the record)
             where = "; ".join(getattr(failure, "__notes__", ())) or "outside the ops"
             self.refused[batch, context] = f"capture failed {where}: {failure}"
             logger.warning("decode steps of %d requests at context %d run eagerly: capturing "
-                           "them failed %s: %s", batch, context, where, failure)
+                           "them failed %s: %s", batch, context, where, str(failure))
             return None
         logger.info("captured the decode step for %d requests, context %d", batch, context)
         return _Graph(inputs, graph, logits)

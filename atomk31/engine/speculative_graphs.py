@@ -205,13 +205,13 @@ class GraphFamily:
                 output = self.forward(inputs.batch, ops)
         except OpUnavailableError as failure:
             self.enabled = False
-            logger.warning("%s graphs off: %s; running them eagerly", self.name, failure)
+            logger.warning("%s graphs off: %s; running them eagerly", self.name, str(failure))
             return None
         except Exception as failure:       # noqa: BLE001 (any kernel's error: refuse the shape)
             where = "; ".join(getattr(failure, "__notes__", ())) or "outside the ops"
             self.refused[shape] = f"capture failed {where}: {failure}"
             logger.warning("%s steps of shape %s run eagerly: capturing them failed %s: %s",
-                           self.name, shape, where, failure)
+                           self.name, shape, where, str(failure))
             return None
         logger.info("captured the %s step of shape %s", self.name, shape)
         return _Graph(inputs, graph, output)

@@ -98,3 +98,25 @@ def test_eager_steps_under_graphs_and_crossed_buckets_are_noted(engine, monkeypa
         "the timed steps span graph context buckets [32, 64]",
         "CUDA graphs are on, but timed steps ran eagerly: replay differs from the eager step "
         "by 1e-1"]
+
+
+def test_the_decode_window_leaves_room_for_every_verified_draft():
+    # 3 drafts: up to 4 tokens a step; 26 steps of 4 end at 2047 keys at the latest
+    assert decode_window(2048, num_steps=20, warmup_steps=5, tokens_per_step=4) == (1944, 1968)
+
+
+def test_speculative_decode_reports_tokens_per_step_from_the_timed_window(engine_options,
+                                                                          tiny_draft):
+    from atomk31.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(engine_options(
+        kv_cache_memory=128 << 20,
+        speculative_config={"model": str(tiny_draft), "num_speculative_tokens": 3}))
+    d = measure_decode(engine, 2, 120, options(num_steps=3), CEILINGS, np.random.default_rng(4))
+    counts = d["speculation"]
+    # both requests verify 3 drafts in each of the 3 timed steps
+    assert counts["verify_steps"] == 6 and counts["draft_tokens"] == 18
+    assert d["tokens_per_step"] == pytest.approx(1 + counts["accepted_tokens"] / 6)
+    assert d["tokens_per_s"] == pytest.approx(2 * d["tokens_per_step"]
+                                              / (d["step_ms"]["median"] / 1e3))
+    assert not engine.has_unfinished_requests()

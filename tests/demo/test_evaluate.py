@@ -10,7 +10,7 @@ from fastapi import FastAPI, HTTPException
 from atomk31.cli import main
 from atomk31.config import EngineConfig
 from atomk31.demo.evaluate import EvalOptions, format_table, instances, run_eval
-from loopback_server import LiveServer
+from live_server import LiveServer
 from server.app import create_app
 
 OPTIONS = EvalOptions(num_per_task=6, passkey_lengths=(300, 600), concurrency=3)

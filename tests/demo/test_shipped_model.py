@@ -10,7 +10,7 @@ from atomk31.config import EngineConfig
 from atomk31.demo.shipped import SHIPPED_DIR, shipped_checkpoint
 from atomk31.demo.tasks.passkey import make_example as passkey_example
 from atomk31.demo.tasks.tool_definitions import TOOLS
-from loopback_server import LiveServer
+from live_server import LiveServer
 from server.app import create_app
 
 pytestmark = pytest.mark.skipif(

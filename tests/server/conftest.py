@@ -22,7 +22,7 @@ from atomk31.engine.async_engine import EngineStats
 from atomk31.engine.llm_engine import LLMEngine
 from atomk31.engine.outputs import CompletionOutput, RequestOutput
 from atomk31.engine.sampling_params import SamplingParams
-from loopback_server import LiveServer
+from live_server import LiveServer
 from server.app import create_app
 from live_server import LiveServer
 
