@@ -2,7 +2,7 @@
 
 `demo`: two layers of width 256 (the target's width, which the shared embedding and LM head
 require), four MLA heads of the target's per-head sizes (latent 512 + 64, so the draft's rows fit
-the target's cache rows), a SwiGLU of 512 and a rank-64 Markov head: about 3.4M parameters
+the target's cache rows), a SwiGLU of 512 and a rank-64 Markov head: 3.5M parameters
 (7 MB in BF16) that a 30-minute CPU run trains to a useful acceptance length. Taps on all five
 target layers (0-based 0..4; both AttnRes blocks and both MLA layers). YaRN θ 10000 × 4 over
 4096 positions covers the target's 16,384. The mask token is a reserved special slot of the
