@@ -52,11 +52,6 @@ CASES = {
     "rising_128K": (131072, "rising"),
 }
 QUICK_CASES = ["normal_128K", "normal_1M", "equal_128K", "rising_128K"]
-# Earlier finals on the H200 (graph us), printed beside this run's: round 3 (best-first
-# output, sorting finish) and session 5.
-ROUND3_US = {"normal_128K": 91.5, "normal_1M": 268.3, "equal_128K": 99.1, "rising_128K": 65.9}
-SESSION5_US = {"normal_128K": 52.6, "normal_1M": 192.9, "equal_128K": 91.2,
-               "rising_128K": 51.6}
 # Timed on every case: the defaults and the other paths a default takes elsewhere.
 MAIN_VARIANTS = {
     "triton": TopkConfig(),  # the launcher's defaults
@@ -149,9 +144,7 @@ def print_case(r: dict, copy_bw: float) -> None:
     print(f"{r['case']} {r['rows']}x{r['length']}: floor (scores read once) {floor_us:.1f} us; "
           f"torch.topk {g['torch.topk'] * 1e3:.1f} (eager {e['torch.topk'] * 1e3:.1f}), "
           f"torch.topk+sort {g['torch.topk+sort'] * 1e3:.1f}; exact torch op eager "
-          f"{e['torch_exact'] * 1e3:.0f}; round 3 final "
-          f"{ROUND3_US.get(r['case'], float('nan')):.1f}, session 5 final "
-          f"{SESSION5_US.get(r['case'], float('nan')):.1f}", flush=True)
+          f"{e['torch_exact'] * 1e3:.0f}", flush=True)
 
 
 def print_variant(r: dict, variant: str, copy_bw: float) -> None:
@@ -174,14 +167,13 @@ def print_variant(r: dict, variant: str, copy_bw: float) -> None:
 
 
 def print_summary(results: list[dict]) -> None:
-    print("summary (graph us): case: torch.topk | round 3 | defaults | best exact variant")
+    print("summary (graph us): case: torch.topk | defaults | best exact variant")
     for r in results:
         g = r["graph_ms"]
         timed = {v: ms for v, ms in g.items() if v not in PEERS and r["exact"][v] is True
                  and not v.endswith(" slots") and ms == ms}
         best = min(timed, key=timed.get) if timed else "none"
         print(f"   {r['case']:<12} {g['torch.topk'] * 1e3:6.1f} | "
-              f"{ROUND3_US.get(r['case'], float('nan')):6.1f} | "
               f"{g['triton'] * 1e3:6.1f} x{g['torch.topk'] / g['triton']:4.2f} | {best} "
               f"{timed.get(best, float('nan')) * 1e3:6.1f} "
               f"x{g['torch.topk'] / timed.get(best, float('nan')):4.2f}", flush=True)
