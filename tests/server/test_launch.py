@@ -95,6 +95,8 @@ def test_without_model_serves_the_built_in_checkpoint(monkeypatch, tiny_checkpoi
     started = {}
 
     class FakeServer:
+        should_exit = True       # the engine watchdog stops at once
+
         def __init__(self, config):
             started["config"] = config
             self.started = True
@@ -204,6 +206,7 @@ def test_ignored_vllm_flags_are_logged_once_at_start_up(monkeypatch, tiny_checkp
 
     class FakeServer:
         started = True
+        should_exit = True       # the engine watchdog stops at once
 
         def __init__(self, config):
             self.config = config
