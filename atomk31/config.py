@@ -187,6 +187,11 @@ KERNEL_BACKENDS = ("auto", "torch", "triton", "hopper", "amd")
 DTYPES = ("auto", "bfloat16", "float32")
 KV_CACHE_DTYPES = ("auto", "fp8", "bf16", "fp32")
 INDEX_CACHE_DTYPES = ("fp8", "mxfp4")
+DEQUANTIZE_EXPERTS = ("auto", "on", "off")
+# "auto" dequantizes MXFP4 experts at load on CPU up to this many bytes of dequantized experts
+# per rank (a 2-core machine's demo model needs 12 MB; the proxy at real widths would need
+# far more than a CPU host holds, and keeps its MXFP4 bytes)
+CPU_DEQUANTIZED_EXPERTS_MAX_BYTES = 2 << 30
 
 
 @dataclass(frozen=True)
@@ -198,6 +203,8 @@ class EngineConfig:
     - kv_cache_dtype "auto": the compute dtype on CPU (float32), fp8 on GPU (§7.1).
     - the FP8 variant: e4m3fnuz on gfx942 (MI300), e4m3fn elsewhere (§6.1).
     - max_model_len None: the checkpoint's max_position_embeddings.
+    - dequantize_experts "auto": on with torch kernels on CPU when the dequantized experts fit
+      in CPU_DEQUANTIZED_EXPERTS_MAX_BYTES, else off (see the field).
     """
 
     model: str
@@ -241,6 +248,12 @@ class EngineConfig:
     # (atomk31/model/mla_sharding.py); shorter ones head-sharded
     token_sharded_prefill_min_tokens: int = 16384
     distributed_timeout_s: float = 600.0   # longest wait of one collective before it fails
+    # MXFP4 routed experts dequantized once at load into the compute dtype ("on"), or kept as
+    # stored ("off"). The torch expert op has no MXFP4 matmul: it decodes each chosen expert at
+    # every call, most of a CPU decode step and several times more in a verify step. The
+    # decode is exact in BF16 and fp32 (E2M1 x 2^k, one mantissa bit), so both give the same
+    # tokens. "auto": on for torch kernels on CPU within CPU_DEQUANTIZED_EXPERTS_MAX_BYTES.
+    dequantize_experts: str = "auto"
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -253,6 +266,7 @@ class EngineConfig:
             ("kernel_backend", self.kernel_backend, KERNEL_BACKENDS), ("dtype", self.dtype, DTYPES),
             ("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES),
             ("index_cache_dtype", self.index_cache_dtype, INDEX_CACHE_DTYPES),
+            ("dequantize_experts", self.dequantize_experts, DEQUANTIZE_EXPERTS),
         ):
             if value not in choices:
                 problems.append(f"{name} must be one of {', '.join(choices)}, got {value!r}")
@@ -316,7 +330,26 @@ class EngineConfig:
             speculative = resolve_speculative_config(self.speculative_config, model_config,
                                                      max_len)
         return ResolvedEngineConfig(self, device, compute, latent, index, fp8_variant, max_len,
-                                    speculative)
+                                    speculative, self._dequantizes_experts(model_config, on_cpu,
+                                                                           compute))
+
+    def _dequantizes_experts(self, model_config: ModelConfig, on_cpu: bool,
+                             compute: "torch.dtype") -> bool:
+        if self.dequantize_experts != "auto":
+            return self.dequantize_experts == "on"
+        if not on_cpu or self.kernel_backend not in ("auto", "torch"):
+            return False
+        return dequantized_expert_bytes(model_config, compute.itemsize,
+                                        self.tensor_parallel_size) \
+            <= CPU_DEQUANTIZED_EXPERTS_MAX_BYTES
+
+
+def dequantized_expert_bytes(model_config: ModelConfig, itemsize: int, ranks: int) -> int:
+    """Bytes of one rank's routed experts (w1, w2, w3) dequantized to ``itemsize`` bytes."""
+    latent = model_config.routed_expert_hidden_size or model_config.hidden_size
+    per_expert = 3 * model_config.moe_intermediate_size * latent * itemsize
+    moe_layers = sum(map(model_config.is_moe_layer, range(model_config.num_hidden_layers)))
+    return -(-moe_layers * model_config.num_experts * per_expert // ranks)
 
 
 def parallel_option_problems(options: "EngineConfig") -> list[str]:
@@ -371,3 +404,4 @@ class ResolvedEngineConfig:
     fp8_variant: str
     max_model_len: int
     speculative: "SpeculativeConfig | None" = None   # speculative_config.py
+    dequantize_experts: bool = False    # EngineConfig.dequantize_experts, decided

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from atomk31.config import (
-    DTYPES, INDEX_CACHE_DTYPES, KERNEL_BACKENDS, KV_CACHE_DTYPES, ConfigError, EngineConfig,
+    DEQUANTIZE_EXPERTS, DTYPES, INDEX_CACHE_DTYPES, KERNEL_BACKENDS, KV_CACHE_DTYPES, ConfigError,
+    EngineConfig,
 )
 from atomk31.distributed.flags import add_parallel_arguments, parallel_options
 from server.limits import ServerLimits
@@ -156,6 +157,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     _add_flag(parser, "kda_snapshot_interval", "KDA prefix-cache snapshots every this many "
               "tokens (a multiple of --block-size; 0: only at prompt ends)", value_type=int,
               default=DEFAULTS.kda_snapshot_interval)
+    _add_flag(parser, "dequantize_experts", "decode the MXFP4 routed experts once at load "
+              "(auto: with torch kernels on CPU, where the expert op would decode them at "
+              "every step)", choices=DEQUANTIZE_EXPERTS, default=DEFAULTS.dequantize_experts)
     _add_flag(parser, "speculative_config", "DSpark speculative decoding: JSON {\"model\": "
               "DRAFT_DIR or \"builtin\", \"num_speculative_tokens\": 5, \"method\": \"dspark\", "
               "\"draft_sample_method\": \"probabilistic\" or \"greedy\"}, inline or a path to a "
@@ -187,7 +191,7 @@ def engine_config_from_args(args: argparse.Namespace, model: str) -> EngineConfi
         gpu_memory_utilization=args.gpu_memory_utilization,
         kv_cache_memory=args.kv_cache_memory, max_num_waiting=args.max_num_waiting,
         kda_snapshot_interval=args.kda_snapshot_interval,
-        enforce_eager=args.enforce_eager,
+        enforce_eager=args.enforce_eager, dequantize_experts=args.dequantize_experts,
         online_quant_config=_json_object(args.online_quant_config, "--online-quant-config"),
         speculative_config=_json_object(args.speculative_config, "--speculative-config"),
         **parallel_options(args))

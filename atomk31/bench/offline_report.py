@@ -37,6 +37,7 @@ def engine_summary(engine: LLMEngine) -> dict:
             "max_num_batched_tokens": options.max_num_batched_tokens,
             "enable_prefix_caching": options.enable_prefix_caching,
             "online_quant_config": options.online_quant_config,
+            "dequantize_experts": rc.dequantize_experts,
             "decode_graphs": why_eager is None, "why_eager": why_eager}
 
 
@@ -90,6 +91,8 @@ def _mode_text(summary: dict) -> str:
 
 def _header(bench: str, engine: LLMEngine, summary: dict, ceilings: Ceilings) -> str:
     quant = "PTPC-FP8 linears" if summary["online_quant_config"] else "weights as stored"
+    if summary.get("dequantize_experts"):
+        quant += ", experts dequantized at load"
     return "\n".join([
         f"atomk31 bench {bench}: {summary['model']} on {ceilings.device} "
         f"({summary['kernel_backend']} kernels, {_name(summary['compute_dtype'])}, {quant}; "

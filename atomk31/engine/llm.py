@@ -57,7 +57,7 @@ class LLM:
                  tensor_parallel_size: int = 1,
                  enable_expert_parallel: bool = False, decode_context_parallel_size: int = 1,
                  token_sharded_prefill_min_tokens: int = 16384,
-                 distributed_timeout_s: float = 600.0):
+                 distributed_timeout_s: float = 600.0, dequantize_experts: str = "auto"):
         if model is None:
             model = _built_in_model()
         options = EngineConfig(
@@ -74,7 +74,7 @@ class LLM:
             enable_expert_parallel=enable_expert_parallel,
             decode_context_parallel_size=decode_context_parallel_size,
             token_sharded_prefill_min_tokens=token_sharded_prefill_min_tokens,
-            distributed_timeout_s=distributed_timeout_s)
+            distributed_timeout_s=distributed_timeout_s, dequantize_experts=dequantize_experts)
         self.engine = LLMEngine(options)
 
     def shutdown(self) -> None:

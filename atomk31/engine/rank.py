@@ -76,7 +76,7 @@ def load_model(options: EngineConfig, model_config: ModelConfig, config: Resolve
     try:
         return K31Model(model_config, tensors, config.compute_dtype, device,
                         config.index_cache_format, config.fp8_variant, parallel,
-                        options.online_quant_config)
+                        options.online_quant_config, config.dequantize_experts)
     finally:
         tensors.close()
 

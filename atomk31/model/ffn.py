@@ -28,6 +28,7 @@ from atomk31.model.parallel_linear import ColumnParallelLinear, RowParallelLinea
 from atomk31.model.weights import WeightSource
 from atomk31.ops import OpTable
 from atomk31.ops.moe import mxfp4_scales_allow_one_factor
+from atomk31.quant import dequantize_mxfp4
 
 ROUTED_NORM_NAME = "routed_expert_norm.weight"
 # one routed expert's tensors, MXFP4 or dequantized (§3.2)
@@ -62,11 +63,13 @@ class LatentMoE:
 
     Experts are kept as the checkpoint stores them: MXFP4 bytes + E8M0 scales stacked over
     experts ([E, 2F, Dl/2] for w1|w3, [E, Dl, F/2] for w2), or dequantized BF16 when the
-    checkpoint is the dequantized variant (§3.2).
+    checkpoint is the dequantized variant (§3.2). ``dequantize_experts`` decodes MXFP4 experts
+    once here into the compute dtype (exact: an E2M1 code times a power of two has one mantissa
+    bit), for kernels that would otherwise decode them at every call (the torch op).
     """
 
     def __init__(self, config: ModelConfig, weights: WeightSource, prefix: str,
-                 parallel: ParallelContext | None = None):
+                 parallel: ParallelContext | None = None, dequantize_experts: bool = False):
         e = prefix + "block_sparse_moe."
         parallel = parallel or ParallelContext.single()
         self.comm = parallel.tp
@@ -115,11 +118,28 @@ class LatentMoE:
             # scale byte allows the kernels' one-multiply decode (ops/moe.py's docstring).
             self.one_factor_exact = mxfp4_scales_allow_one_factor(self.w13_scales,
                                                                   self.w2_scales)
+            if dequantize_experts:
+                self._dequantize(weights.dtype)
         else:
             self.w13 = _stack_experts(lambda n: weights.take(n, shard=rows), held,
                                       ("w1.weight", "w3.weight"))
             self.w2 = _stack_experts(lambda n: weights.take(n, shard=Shard(1, f0, f1)), held,
                                      ("w2.weight",))
+
+    def _dequantize(self, dtype: torch.dtype) -> None:
+        """MXFP4 experts -> w13 [E, 2F, Dl], w2 [E, Dl, F] in ``dtype``, one expert at a time
+        (the fp32 decode of a whole layer's experts at once would be their size times 8)."""
+        def decoded(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+            out = torch.empty(*packed.shape[:-1], 2 * packed.shape[-1], dtype=dtype,
+                              device=packed.device)
+            for e in range(packed.shape[0]):
+                out[e] = dequantize_mxfp4(packed[e], scales[e], dtype)
+            return out
+
+        self.w13 = decoded(self.w13_packed, self.w13_scales)
+        self.w2 = decoded(self.w2_packed, self.w2_scales)
+        del self.w13_packed, self.w13_scales, self.w2_packed, self.w2_scales
+        self.is_mxfp4 = False
 
     @property
     def ops_called(self) -> tuple[str, ...]:

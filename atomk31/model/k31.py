@@ -49,7 +49,7 @@ class AttnResSite:
 class DecoderLayer:
     def __init__(self, config: ModelConfig, weights: WeightSource, layer: int,
                  mla_index: int | None, kda_index: int | None, index_format: str,
-                 fp8_variant: str, parallel: ParallelContext):
+                 fp8_variant: str, parallel: ParallelContext, dequantize_experts: bool = False):
         p = f"{MODEL_PREFIX}layers.{layer}."
         eps = config.rms_norm_eps
         self.layer = layer
@@ -64,7 +64,8 @@ class DecoderLayer:
             self.mixer = MLAMixer(config, weights, p, index_format, fp8_variant, parallel)
         else:
             self.mixer = KDAMixer(config, weights, p, kda_index, parallel)
-        self.ffn = (LatentMoE(config, weights, p, parallel) if config.is_moe_layer(layer)
+        self.ffn = (LatentMoE(config, weights, p, parallel, dequantize_experts)
+                    if config.is_moe_layer(layer)
                     else DenseMLP(config, weights, p + "mlp.", config.intermediate_size,
                                   parallel))
 
@@ -78,10 +79,11 @@ class K31Model:
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor] | CheckpointSlices,
                  dtype: torch.dtype, device: torch.device, index_format: str = "fp8",
                  fp8_variant: str = "e4m3fn", parallel: ParallelContext | None = None,
-                 online_quant_config: dict | None = None):
+                 online_quant_config: dict | None = None, dequantize_experts: bool = False):
         """``tensors``: loaded tensors, or a CheckpointSlices that reads this rank's slices as
         they are taken; ``online_quant_config``: PTPC-quantize eligible linears as they are
-        taken (§6.5)."""
+        taken (§6.5); ``dequantize_experts``: MXFP4 routed experts decoded once into ``dtype``
+        (EngineConfig.dequantize_experts)."""
         parallel = parallel or ParallelContext.single()
         weights = WeightSource(tensors, dtype, device, online_quant_config, fp8_variant)
         self.config = config
@@ -93,7 +95,7 @@ class K31Model:
             DecoderLayer(config, weights, layer,
                          mla_ids.index(layer) if layer in mla_ids else None,
                          kda_ids.index(layer) if layer in kda_ids else None,
-                         index_format, fp8_variant, parallel)
+                         index_format, fp8_variant, parallel, dequantize_experts)
             for layer in range(config.num_hidden_layers)
         ]
         self.output_site = AttnResSite(weights, MODEL_PREFIX + "output_attn_res",

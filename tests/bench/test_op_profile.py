@@ -19,8 +19,9 @@ def test_profile_breaks_one_decode_step_and_one_prefill_chunk_down_by_op(engine,
     assert json.loads(path.read_text()) == json.loads(json.dumps(result))
     decode, prefill = result["decode"], result["prefill"]
     calls = {row["op"]: row["calls"] for row in decode["ops"]}
-    # tiny: 7 MoE layers, 6 KDA layers, 2 MLA layers past top-k 64 (indexer, sparse attention)
-    assert calls["moe_route"] == 7 and calls["moe_experts_mxfp4"] == 7
+    # tiny: 7 MoE layers, 6 KDA layers, 2 MLA layers past top-k 64 (indexer, sparse attention);
+    # on CPU the MXFP4 experts are dequantized at load (EngineConfig.dequantize_experts)
+    assert calls["moe_route"] == 7 and calls["moe_experts_dense"] == 7
     assert calls["kda_decode"] == 6 and calls["sparse_mla"] == 2 and "dense_mla" not in calls
     assert calls["indexer_score"] == 2 and calls["topk_slots"] == 2
     assert {row["op"]: row["calls"] for row in prefill["ops"]}["kda_prefill"] == 6
