@@ -53,8 +53,10 @@ def print_parallel_plan(args: argparse.Namespace, device: torch.device | None) -
         print(line)
     if dcp > 1:
         reason = why_no_mori(device) if device is not None else "no device here"
-        print("  DCP exchanges: " + ("mori HIP-IPC all-gather" if reason is None
-                                     else f"torch.distributed (mori: {reason})"))
+        print("  DCP exchanges: " + (
+            "torch.distributed inside the decode graphs; mori's HIP-IPC all-gather with "
+            "--enforce-eager (its host barrier cannot be captured)" if reason is None
+            else f"torch.distributed (mori: {reason})"))
     return 0
 
 

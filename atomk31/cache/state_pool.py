@@ -136,6 +136,12 @@ class KDAStatePool:
         for slot in (src, dst):
             if not self.num_slots <= slot < self.num_slots + self.num_scratch_slots:
                 self._check_used(slot)
+        self.copy_states(src, dst)
+
+    def copy_states(self, src: int, dst: int) -> None:
+        """The copy alone: no check that the slots are in use (a rank other than the first
+        hands out none), and never recorded for the other ranks (`MirroredStatePool` records
+        `copy`): what every rank does on its own states, such as a graph's snapshots."""
         if src == dst:
             return
         self.conv[:, dst].copy_(self.conv[:, src])

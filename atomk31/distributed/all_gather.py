@@ -80,6 +80,14 @@ def why_no_mori(device: torch.device) -> str | None:
     return None
 
 
+def dcp_all_gather_backend(enforce_eager: bool) -> str:
+    """The engine's choice: mori's adapter waits at a host barrier, which a CUDA / HIP graph
+    cannot hold, so with decode graphs (the default) the exchange goes through
+    torch.distributed (RCCL, captured inside the graphs); mori serves eager runs where it can
+    run ("auto")."""
+    return "auto" if enforce_eager else "torch"
+
+
 def make_dcp_all_gather(
     backend: str,
     device: torch.device,

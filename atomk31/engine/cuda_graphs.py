@@ -38,6 +38,20 @@ an op the model calls has no implementation a graph may capture (why_no_decode_g
 torch backend, whose ops read the device from the host). A capture that fails, or a replay
 that disagrees with the eager step, turns that shape eager with a warning naming the op and
 the error; eager steps go on.
+
+Several ranks. Every rank holds its own DecodeGraphs and runs the same steps (the first
+rank's `StepRequest`s), so each captures, checks and replays the same shapes in the same order
+and the collectives inside the graphs (NCCL records them in the capture) meet. What could
+differ is agreed at the two points where a rank decides alone: after a capture, one all-reduce
+of each rank's outcome (all captured, or the shape refused everywhere, or graphs off
+everywhere); after the replay check, the first rank's verdict (only it holds the whole logits)
+broadcast to the others, which ran the same replay and eager step beside it. Graph snapshots
+and the check's backups copy KDA states with `copy_state` on each rank itself
+(`KDAStatePool.copy_states`), not as slot operations the first rank records for the others:
+those would be made again there before the next step, and the other ranks' pools hand out no
+slots to check them against. A rank whose capture
+raised before the warm-up forward's collectives were all issued leaves the others waiting in
+one until the collective timeout: the engine then fails with the timeout, not a wrong token.
 """
 
 from __future__ import annotations
@@ -49,8 +63,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from atomk31.distributed.communicator import LocalCommunicator
 from atomk31.engine.graph_check import replay_error, replay_tolerance, suspect_op
-from atomk31.engine.scheduler import ScheduledSequence
+from atomk31.engine.step_batch import StepRequest, slot_of
 from atomk31.model import ForwardBatch
 from atomk31.ops import Kernels, OpTable
 from atomk31.ops.registry import OpUnavailableError
@@ -103,12 +118,15 @@ def context_buckets(max_context: int, block_size: int, split_points: Sequence[in
 
 class DecodeInputs:
     """The tensors one graph reads: a ForwardBatch of ``batch`` one-token requests over
-    ``context`` positions, refilled before each replay."""
+    ``context`` positions, refilled before each replay. Under DCP (``dcp_size`` ranks, this one
+    ``dcp_rank``) a token's cache slot is this rank's (step_batch.slot_of: -1 where another
+    rank stores it)."""
 
     def __init__(self, batch: int, context: int, block_size: int, scratch_block: int,
-                 scratch_slot: int, device: torch.device):
+                 scratch_slot: int, device: torch.device, dcp_size: int = 1, dcp_rank: int = 0):
         self.batch_size, self.context, self.block_size = batch, context, block_size
         self.scratch_block, self.scratch_slot = scratch_block, scratch_slot
+        self.dcp_size, self.dcp_rank = dcp_size, dcp_rank
         columns = context // block_size
         rows = torch.arange(batch, device=device)
         # ids, positions, cache slots and state slots side by side: one copy fills them
@@ -129,27 +147,27 @@ class DecodeInputs:
             rows_per_request=1)
         self.fill([])
 
-    def fill(self, scheduled: list[ScheduledSequence]) -> None:
-        """Write the step's requests into rows 0..n-1 and padding into the rest."""
+    def fill(self, requests: list[StepRequest]) -> None:
+        """Write the step's one-token requests into rows 0..n-1 and padding into the rest."""
         bs, columns = self.block_size, self.context // self.block_size
+        dcp = (self.dcp_size, self.dcp_rank)
         ids, positions, slots, state_slots = [], [], [], []
         tables = torch.full((self.batch_size, columns), -1, dtype=torch.int32)
-        for r, item in enumerate(scheduled):
-            seq = item.seq
-            p = seq.num_computed_tokens
-            ids.append(seq.all_token_ids[p])
+        for r, request in enumerate(requests):
+            p = request.start
+            ids.append(request.token_ids[0])
             positions.append(p)
-            slots.append(seq.block_table[p // bs] * bs + p % bs)
-            state_slots.append(seq.state_slot)
+            slots.append(slot_of(p, request.block_table, bs, *dcp))
+            state_slots.append(request.state_slot)
             # blocks past the last position are never read (a table may run ahead)
-            table = seq.block_table[:columns]
+            table = request.block_table[:columns]
             tables[r, :len(table)] = torch.tensor(table, dtype=torch.int32)
-        padding = self.batch_size - len(scheduled)
+        padding = self.batch_size - len(requests)
         ids += [0] * padding
         positions += [0] * padding
-        slots += [self.scratch_block * bs] * padding
+        slots += [slot_of(0, [self.scratch_block], bs, *dcp)] * padding
         state_slots += [self.scratch_slot] * padding
-        tables[len(scheduled):, 0] = self.scratch_block
+        tables[len(requests):, 0] = self.scratch_block
         host = torch.tensor([ids, positions, slots, state_slots], dtype=torch.int64)
         if self.columns.is_cuda:         # pinned: the copies are asynchronous
             host, tables = host.pin_memory(), tables.pin_memory()
@@ -162,15 +180,22 @@ class _Graph:
         self.inputs, self.graph, self.logits = inputs, graph, logits
 
 
+# what a capture came to on one rank; the ranks take the worst (several ranks, module docstring)
+CAPTURED, SHAPE_REFUSED, GRAPHS_OFF = 0, 1, 2
+
+
 class DecodeGraphs:
     """Captures and replays the decode step (module docstring). ``forward(batch, ops)`` runs
     the model over a ForwardBatch with an op table and returns the logits of its
-    ``logits_indices``. ``backup_slot``: a scratch KDA state slot for the replay check."""
+    ``logits_indices``. ``backup_slot``: a scratch KDA state slot for the replay check.
+    ``comm``: the engine's TP communicator (every rank); ``dcp_size``, ``dcp_rank``: this
+    rank's place in its DCP group (the cache slots it writes)."""
 
     def __init__(self, forward: Callable[[ForwardBatch, OpTable], torch.Tensor],
                  kernels: Kernels, block_size: int, max_batch: int, max_context: int,
                  split_points: Sequence[int], scratch_block: int, scratch_slot: int,
-                 backup_slot: int, device: torch.device, copy_state: Callable[[int, int], None]):
+                 backup_slot: int, device: torch.device, copy_state: Callable[[int, int], None],
+                 comm=None, dcp_size: int = 1, dcp_rank: int = 0):
         self.forward = forward
         self.graph_ops, self.eager_ops = kernels.graph, kernels.eager
         self.tolerance = replay_tolerance(kernels.context.compute_dtype)
@@ -180,93 +205,122 @@ class DecodeGraphs:
         self.buckets = context_buckets(max_context, block_size, split_points)
         self.scratch_block, self.scratch_slot = scratch_block, scratch_slot
         self.device = device
-        self.copy_state = copy_state          # (src slot, dst slot): a KDA snapshot
+        self.copy_state = copy_state          # (src slot, dst slot) on this rank
+        self.comm = comm or LocalCommunicator()
+        self.dcp_size, self.dcp_rank = dcp_size, dcp_rank
+        self.is_first_rank = self.comm.rank == 0
         self.graphs: OrderedDict[tuple[int, int], _Graph] = OrderedDict()
         self.refused: dict[tuple[int, int], str] = {}   # shapes that run eagerly, and why
         self.pool = None
         self.enabled = True
         self.num_replays = 0
 
-    def shape_for(self, scheduled: list[ScheduledSequence]) -> tuple[int, int] | None:
+    def shape_for(self, requests: list[StepRequest]) -> tuple[int, int] | None:
         """(batch, context) of the graph that runs this step; None when it is not a decode
-        step a graph can run."""
-        if not self.enabled or not scheduled:
+        step a graph can run (a function of the requests alone: every rank finds the same)."""
+        if not self.enabled or not requests:
             return None
-        if any(item.num_new_tokens != 1 or not item.is_last_chunk for item in scheduled):
+        if any(len(r.token_ids) != 1 or not r.is_last_chunk or r.draft_tokens
+               or r.prompt_logit_rows for r in requests):
             return None
-        batch = graph_batch_size(len(scheduled), self.max_batch)
-        need = max(item.seq.num_computed_tokens for item in scheduled) + 1
+        batch = graph_batch_size(len(requests), self.max_batch)
+        need = max(r.start for r in requests) + 1
         i = bisect_left(self.buckets, need)
         if batch is None or i == len(self.buckets):
             return None
         return batch, self.buckets[i]
 
-    def run(self, scheduled: list[ScheduledSequence]) -> torch.Tensor | None:
-        """Logits [len(scheduled), vocab] of this decode step from a graph replay; None when
+    def run(self, requests: list[StepRequest]) -> torch.Tensor | None:
+        """Logits [len(requests), vocab] of this decode step from a graph replay; None when
         no graph runs it (run it eagerly)."""
-        shape = self.shape_for(scheduled)
+        shape = self.shape_for(requests)
         if shape is None or shape in self.refused:
             return None
         graph = self.graphs.get(shape)
         if graph is None:
             graph = self._capture(*shape)
-            if graph is None or not self._replay_agrees(graph, scheduled[0], shape):
+            if graph is None or not self._replay_agrees(graph, requests[0], shape):
                 return None
             if len(self.graphs) >= MAX_GRAPHS:
                 self.graphs.popitem(last=False)         # the least recently replayed
             self.graphs[shape] = graph
         self.graphs.move_to_end(shape)
-        graph.inputs.fill(scheduled)
+        graph.inputs.fill(requests)
         graph.graph.replay()
         self.num_replays += 1
-        for item in scheduled:
-            for _, snapshot_slot, _ in item.snapshots:
-                self.copy_state(item.seq.state_slot, snapshot_slot)
-        return graph.logits[:len(scheduled)]
+        for request in requests:
+            for _, snapshot_slot in request.snapshots:
+                self.copy_state(request.state_slot, snapshot_slot)
+        return graph.logits[:len(requests)]
 
     def _capture(self, batch: int, context: int) -> _Graph | None:
         inputs = DecodeInputs(batch, context, self.block_size, self.scratch_block,
-                              self.scratch_slot, self.device)
+                              self.scratch_slot, self.device, self.dcp_size, self.dcp_rank)
+        graph = outcome = None
         try:
             self.forward(inputs.batch, self.graph_ops)     # warm-up: compiles every kernel
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self.pool):
-                logits = self.forward(inputs.batch, self.graph_ops)
+            graph, logits = self._record(inputs)
+            outcome = CAPTURED
         except OpUnavailableError as failure:
-            self.enabled = False
-            logger.warning("CUDA graphs off: %s; decoding eagerly", str(failure))
-            return None
+            outcome, why = GRAPHS_OFF, str(failure)
         except Exception as failure:       # noqa: BLE001 (any kernel's error: refuse the shape)
-            # logged and kept as text: a record holding the exception would hold its traceback,
-            # whose frames hold this engine (its pools stay allocated while any handler, pytest's
-            # log capture for one, keeps the record)
+            # kept as text: a record holding the exception would hold its traceback, whose
+            # frames hold this engine (its pools stay allocated while any handler, pytest's log
+            # capture for one, keeps the record)
             where = "; ".join(getattr(failure, "__notes__", ())) or "outside the ops"
-            self.refused[batch, context] = f"capture failed {where}: {failure}"
-            logger.warning("decode steps of %d requests at context %d run eagerly: capturing "
-                           "them failed %s: %s", batch, context, where, str(failure))
-            return None
-        logger.info("captured the decode step for %d requests, context %d", batch, context)
-        return _Graph(inputs, graph, logits)
+            outcome, why = SHAPE_REFUSED, f"capturing them failed {where}: {failure}"
+        agreed = self._worst(outcome)
+        if agreed == CAPTURED:
+            logger.info("captured the decode step for %d requests, context %d", batch, context)
+            return _Graph(inputs, graph, logits)
+        if outcome == CAPTURED:
+            why = "another rank's capture failed"
+        if agreed == GRAPHS_OFF:
+            self.enabled = False
+            logger.warning("CUDA graphs off: %s; decoding eagerly", why)
+        else:
+            self.refused[batch, context] = why
+            logger.warning("decode steps of %d requests at context %d run eagerly: %s", batch,
+                           context, why)
+        return None
 
-    def _replay_agrees(self, graph: _Graph, item: ScheduledSequence,
+    def _record(self, inputs: DecodeInputs) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """The step over ``inputs`` captured into a CUDA graph: (graph, its logits tensor)."""
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = self.forward(inputs.batch, self.graph_ops)
+        return graph, logits
+
+    def _worst(self, outcome: int) -> int:
+        """The worst capture outcome over the ranks (one small all-reduce; none on one rank)."""
+        if self.comm.world_size == 1:
+            return outcome
+        flag = torch.tensor([outcome], dtype=torch.int32, device=self.device)
+        return int(self.comm.all_reduce(flag, "max").item())
+
+    def _replay_agrees(self, graph: _Graph, request: StepRequest,
                        shape: tuple[int, int]) -> bool:
-        """Replay the new graph once on ``item`` (graph_check.py); refuse its shape if the
-        replay differs from the eager step."""
-        graph.inputs.fill([item])
-        slot = item.seq.state_slot
+        """Replay the new graph once on ``request`` (graph_check.py); refuse its shape if the
+        replay differs from the eager step. Every rank runs the check; the first rank, which
+        alone holds whole logits, judges."""
+        graph.inputs.fill([request])
+        slot = request.state_slot
 
         def replay() -> torch.Tensor:
             graph.graph.replay()
             return graph.logits
         error = replay_error(replay, graph.inputs.batch, self.forward, self.eager_ops, slot,
                              self.backup_slot, self.copy_state)
-        if error <= self.tolerance:
+        agrees, error = self.comm.broadcast_object((error <= self.tolerance, error))
+        if agrees:
             return True
         suspect = suspect_op(graph.inputs.batch, self.forward, self.graph_ops, self.eager_ops,
                              slot, self.backup_slot, self.copy_state, self.tolerance)
+        if not self.is_first_rank:
+            suspect = "see the first rank's log"
         self.refused[shape] = f"replay differs from the eager step by {error:.2e}: {suspect}"
         logger.warning("decode steps of %d requests at context %d run eagerly: the graph's "
                        "replay differs from the eager step by %.2e (relative, tolerance %.0e); "

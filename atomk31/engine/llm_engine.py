@@ -22,11 +22,10 @@ from atomk31.checkpoint import Tokenizer
 from atomk31.config import EngineConfig, ModelConfig, ResolvedEngineConfig
 from atomk31.distributed.layout import check_parallel
 from atomk31.distributed.parallel_context import ParallelContext, RankFailure
-from atomk31.engine.cuda_graphs import GRAPH_BATCH_SIZES, DecodeGraphs
 from atomk31.engine.dspark_proposer import DSparkProposer
 from atomk31.engine.first_rank import RankLink
 from atomk31.engine.outputs import RequestMetrics, RequestOutput
-from atomk31.engine.rank import build_rank
+from atomk31.engine.rank import build_rank, graph_shapes
 from atomk31.engine.sampling_params import SamplingParams
 from atomk31.engine.scheduler import Scheduler
 from atomk31.engine.sequence import Sequence, SequenceStatus
@@ -100,17 +99,9 @@ class LLMEngine:
             self.runner.publish_step = lambda requests: self.link.publish(
                 requests, self.state_pool.drain())
         graphs = self.why_eager is None
-        graph_shapes = dict(
-            block_size=options.block_size, max_batch=min(options.max_num_seqs,
-                                                         GRAPH_BATCH_SIZES[-1]),
-            max_context=rc.max_model_len, split_points=[mc.index_topk] if mc.has_indexer else [],
-            scratch_block=plan.num_blocks, device=self.device, copy_state=self.state_pool.copy)
         if spec:
-            self._build_speculative(options, parts.layout, graphs, graph_shapes)
-        elif graphs:
-            self.runner.graphs = DecodeGraphs(
-                self.runner.forward, self.kernels, scratch_slot=self.state_pool.scratch_slot(0),
-                backup_slot=self.state_pool.scratch_slot(1), **graph_shapes)
+            self._build_speculative(options, parts.layout, graphs,
+                                    graph_shapes(parts, options, mc, rc))
         if not graphs:
             logger.info("decode steps run eagerly: %s", self.why_eager)
 

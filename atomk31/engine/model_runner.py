@@ -53,15 +53,21 @@ class ModelRunner:
         samples this step: those whose last token was computed (a finished prefill or a
         decode), and the forks of a finished prefill, from the same logits row (n > 1).
         Prompt logprobs asked for are written into each sequence as its prompt is computed."""
-        prompt_rows = prompt_logprob_rows(scheduled)
-        logits = (self.graphs.run(scheduled)
-                  if self.graphs is not None and not prompt_rows else None)
-        if logits is None:
-            requests = self.step_requests(scheduled)
-            if self.publish_step is not None:   # the other ranks run the same step
-                self.publish_step(requests)
-            logits = self.forward_step(self.build(requests), prompt_rows, self.forward)
+        requests = self.step_requests(scheduled)
+        if self.publish_step is not None:       # the other ranks run the same step
+            self.publish_step(requests)
+        logits = self.run_requests(requests, prompt_logprob_rows(scheduled))
         return self.sample([item for item in scheduled if item.is_last_chunk], logits)
+
+    def run_requests(self, requests: list[StepRequest],
+                     prompt_rows: list[tuple[Sequence, list[int]]] = ()) -> torch.Tensor:
+        """This rank's forward of a step (every rank calls it with the same requests): a graph
+        replay where one serves the step, else the eager forward. -> the logits of its
+        sampling rows (on the first rank; other ranks' are slices nothing reads)."""
+        logits = self.graphs.run(requests) if self.graphs is not None else None
+        if logits is None:
+            logits = self.forward_step(self.build(requests), prompt_rows, self.forward)
+        return logits
 
     def forward_step(self, batch: ForwardBatch,
                      prompt_rows: list[tuple[Sequence, list[int]]],

@@ -5,7 +5,7 @@ adds the scheduler, the tokenizer and the sampler's inputs on top):
 
     kernels -> model shard (this rank's slices of the checkpoint, read as the layers take
     them) -> cache layout and KDA state shape (this rank's KDA heads) -> memory plan -> pools
-    -> runner.
+    -> runner, with its decode graphs on a GPU (every rank replays the same ones).
 
 Every rank must plan the same pools, since the first rank's scheduler hands out blocks and
 state slots for all of them: the budget is the smallest over the ranks (one all-reduce).
@@ -29,7 +29,7 @@ from atomk31.checkpoint.slices import CheckpointSlices
 from atomk31.config import EngineConfig, ModelConfig, ResolvedEngineConfig
 from atomk31.distributed.memory_plan import weight_bytes_per_rank
 from atomk31.distributed.parallel_context import ParallelContext
-from atomk31.engine.cuda_graphs import why_no_decode_graphs
+from atomk31.engine.cuda_graphs import GRAPH_BATCH_SIZES, DecodeGraphs, why_no_decode_graphs
 from atomk31.engine.model_runner import ModelRunner
 from atomk31.engine.speculative import load_draft
 from atomk31.engine.step_message import MirroredStatePool
@@ -40,7 +40,6 @@ from atomk31.ops import KernelContext, Kernels, Target, select_kernels
 logger = logging.getLogger(__name__)
 
 CPU_CACHE_BYTES = 512 << 20   # cache budget on CPU when --kv-cache-memory is not given
-SEVERAL_RANKS = "several ranks: graph replay across ranks is not wired up yet"
 
 
 @dataclass
@@ -106,9 +105,8 @@ def build_rank(options: EngineConfig, model_config: ModelConfig, config: Resolve
         conv_width=mc.short_conv_kernel_size, conv_channels=heads * mc.kda_head_dim,
         # the conv history is BF16 in the engine (§4.4); float32 compute keeps it exact
         conv_dtype=config.compute_dtype)
-    why_eager = (SEVERAL_RANKS if layout_info.is_distributed else
-                 why_no_decode_graphs(kernels, options.enforce_eager,
-                                      model.ops_called | (set(draft.OPS) if draft else set())))
+    why_eager = why_no_decode_graphs(kernels, options.enforce_eager,
+                                     model.ops_called | (set(draft.OPS) if draft else set()))
     # CUDA-graph decode (engine/cuda_graphs.py) needs a scratch block and two KDA state
     # slots (padding rows; the first replay's check), outside the pools, paid from the budget
     graphs = why_eager is None
@@ -130,8 +128,27 @@ def build_rank(options: EngineConfig, model_config: ModelConfig, config: Resolve
                             num_scratch_slots=2 * int(graphs))
     runner = ModelRunner(model, kernels, kv_views, state_pool, options.block_size, device,
                          suppressed_token_ids, parallel)
-    return RankParts(kernels, model, layout, state_spec, plan, kv_pool, kv_views, state_pool,
-                     runner, why_eager, draft, slots_per_request)
+    parts = RankParts(kernels, model, layout, state_spec, plan, kv_pool, kv_views, state_pool,
+                      runner, why_eager, draft, slots_per_request)
+    if graphs and spec is None:     # speculative steps have their own (speculative_graphs.py)
+        runner.graphs = DecodeGraphs(
+            runner.forward, kernels, scratch_slot=state_pool.scratch_slot(0),
+            backup_slot=state_pool.scratch_slot(1), comm=parallel.tp,
+            dcp_size=layout_info.dcp_size, dcp_rank=layout_info.dcp_rank,
+            **graph_shapes(parts, options, mc, config))
+    return parts
+
+
+def graph_shapes(parts: RankParts, options: EngineConfig, model_config: ModelConfig,
+                 config: ResolvedEngineConfig) -> dict:
+    """What decode and speculative graphs are sized and placed by: batch and context limits,
+    the model's path split (``index_topk``), the scratch block and this rank's state copy."""
+    return dict(block_size=options.block_size,
+                max_batch=min(options.max_num_seqs, GRAPH_BATCH_SIZES[-1]),
+                max_context=config.max_model_len,
+                split_points=[model_config.index_topk] if model_config.has_indexer else [],
+                scratch_block=parts.plan.num_blocks, device=parts.kv_pool.device,
+                copy_state=parts.state_pool.copy_states)
 
 
 def _agreed_budget(options: EngineConfig, device: torch.device,

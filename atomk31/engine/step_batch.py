@@ -29,7 +29,9 @@ UPLOAD_ALIGN_BYTES = 16
 
 @dataclass
 class StepRequest:
-    """One sequence's share of a step."""
+    """One sequence's share of a step. `of` takes the sequence's block table itself, not a
+    copy (a step's requests are used, or pickled for the other ranks, before the scheduler
+    changes any table: copying every table of a long-context batch each step costs ~1 ms)."""
 
     token_ids: list[int]                 # the tokens computed this step
     start: int                           # position of the first of them
@@ -49,7 +51,7 @@ class StepRequest:
     def of(cls, item: ScheduledSequence, draft_tokens: list[int] = ()) -> "StepRequest":
         seq, start = item.seq, item.seq.num_computed_tokens
         return cls(seq.all_token_ids[start:start + item.num_new_tokens], start,
-                   list(seq.block_table), seq.state_slot, item.is_last_chunk,
+                   seq.block_table, seq.state_slot, item.is_last_chunk,
                    [(m, slot) for m, slot, _ in item.snapshots],
                    [p - 1 - start for p in prompt_logprob_positions(item)], list(draft_tokens))
 

@@ -71,8 +71,6 @@ def apply_state_ops(pool: KDAStatePool, ops: list[StateOp], kv_pool: torch.Tenso
             pool.conv[:, op[1]].zero_()
             pool.recurrent[:, op[1]].zero_()
         elif op[0] == "copy":
-            _, src, dst = op
-            pool.conv[:, dst].copy_(pool.conv[:, src])
-            pool.recurrent[:, dst].copy_(pool.recurrent[:, src])
+            pool.copy_states(op[1], op[2])
         else:
             raise ValueError(f"unknown KDA state operation {op!r}")

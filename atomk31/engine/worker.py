@@ -18,6 +18,7 @@ import logging
 import torch
 
 from atomk31.config import EngineConfig, ModelConfig, TorchrunRank, torchrun_rank
+from atomk31.distributed.all_gather import dcp_all_gather_backend
 from atomk31.distributed.launch import join_store, rank_device
 from atomk31.distributed.layout import ParallelLayout
 from atomk31.distributed.parallel_context import ParallelContext, join_ranks, leave_ranks
@@ -36,7 +37,8 @@ def join(options: EngineConfig, rank: int, device: torch.device,
          store=None) -> ParallelContext:
     """Join the engine's ranks as ``rank`` (a store from `launch.py`, or torchrun's env)."""
     return join_ranks(layout_of(options, rank), device, options.distributed_timeout_s, store,
-                      options.token_sharded_prefill_min_tokens)
+                      options.token_sharded_prefill_min_tokens,
+                      dcp_all_gather_backend(options.enforce_eager))
 
 
 def run_spawned_worker(rank: int, port: int, options: EngineConfig, log_level: int) -> None:
@@ -86,6 +88,6 @@ def serve_steps(options: EngineConfig, parallel: ParallelContext, device: torch.
                 raise RuntimeError(f"rank {parallel.rank} got {type(message).__name__}, "
                                    "not a step: the ranks run different atomk31 versions?")
             apply_state_ops(parts.state_pool, message.state_ops, parts.kv_pool)
-            parts.runner.forward(parts.runner.build(message.requests))
+            parts.runner.run_requests(message.requests)
     finally:
         leave_ranks()

@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from atomk31.distributed import SingleRankAllGather, TorchAllGather, make_dcp_all_gather
+from atomk31.distributed.all_gather import dcp_all_gather_backend
 
 
 def _free_port() -> int:
@@ -58,3 +59,9 @@ def test_mori_requested_without_rocm_says_why(monkeypatch):
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
     with pytest.raises(ValueError, match="mori DCP all-gather cannot run here: needs ROCm"):
         make_dcp_all_gather("mori", torch.device("cpu"))
+
+
+def test_the_engine_takes_mori_only_for_eager_steps():
+    """mori's host barrier cannot be captured in a decode graph (all_gather.py)."""
+    assert dcp_all_gather_backend(enforce_eager=False) == "torch"
+    assert dcp_all_gather_backend(enforce_eager=True) == "auto"

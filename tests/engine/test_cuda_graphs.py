@@ -6,8 +6,6 @@ scratch block and slot; the bucket's host values change no result). On the GPU: 
 graphs against the same engine with ``enforce_eager``.
 """
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -17,6 +15,7 @@ from atomk31.engine.cuda_graphs import (
     GRAPH_BATCH_SIZES, MIN_GRAPH_CONTEXT, DecodeGraphs, DecodeInputs, context_buckets,
     graph_batch_size, why_no_decode_graphs,
 )
+from atomk31.engine.step_batch import StepRequest
 from atomk31.info import RELEASE_OPS
 from atomk31.ops import KernelContext, Kernels, Target, select_kernels
 
@@ -59,12 +58,9 @@ def test_context_buckets_include_the_topk_edge_and_the_context_length():
     assert min(context_buckets(1 << 20, 128, [])) == MIN_GRAPH_CONTEXT
 
 
-class Item:
-    """A ScheduledSequence stand-in for shape_for."""
-
-    def __init__(self, computed: int, new: int = 1, last: bool = True):
-        self.seq = type("Seq", (), {"num_computed_tokens": computed})()
-        self.num_new_tokens, self.is_last_chunk = new, last
+def Item(computed: int, new: int = 1, last: bool = True, **fields) -> StepRequest:
+    """A step's request of `new` tokens from position `computed`."""
+    return StepRequest(list(range(new)), computed, [0], 0, last, **fields)
 
 
 def test_shape_for_takes_decode_steps_only():
@@ -78,6 +74,8 @@ def test_shape_for_takes_decode_steps_only():
     assert graphs.shape_for([Item(10)] * 9) is None                # over max_batch
     assert graphs.shape_for([Item(10), Item(10, new=5)]) is None   # a prefill chunk
     assert graphs.shape_for([Item(10, last=False)]) is None
+    assert graphs.shape_for([Item(10, draft_tokens=[4, 5])]) is None   # a verify pass
+    assert graphs.shape_for([Item(10, prompt_logit_rows=[0])]) is None  # prompt logprobs
     assert graphs.shape_for([Item(1008)]) is None                  # past the context length
     assert graphs.shape_for([]) is None
 
@@ -91,12 +89,10 @@ class FakeGraph:
         self.logits += 1
 
 
-def decode_item(position: int, state_slot: int, snapshots=()):
+def decode_item(position: int, state_slot: int, snapshots=()) -> StepRequest:
     """A one-token decode of a sequence whose token `position` is next."""
-    seq = SimpleNamespace(num_computed_tokens=position, all_token_ids=list(range(position + 1)),
-                          block_table=list(range(position // 16 + 1)), state_slot=state_slot)
-    return SimpleNamespace(seq=seq, num_new_tokens=1, is_last_chunk=True,
-                           snapshots=list(snapshots))
+    return StepRequest([position], position, list(range(position // 16 + 1)), state_slot, True,
+                       list(snapshots))
 
 
 def test_run_replays_fills_inputs_takes_snapshots_and_keeps_the_recent_graphs(monkeypatch):
@@ -117,7 +113,7 @@ def test_run_replays_fills_inputs_takes_snapshots_and_keeps_the_recent_graphs(mo
 
     monkeypatch.setattr(graphs, "_capture", capture)
     monkeypatch.setattr(graphs, "_replay_agrees", lambda graph, item, shape: True)
-    step = [decode_item(20, 3), decode_item(47, 5, snapshots=[(1, 11, 0xabc)])]
+    step = [decode_item(20, 3), decode_item(47, 5, snapshots=[(1, 11)])]
     logits = graphs.run(step)
     assert captured == [(2, 64)] and logits.shape == (2, 3) and (logits == 1).all()
     assert copies == [(5, 11)]                   # the snapshot: the state after the step
@@ -170,7 +166,7 @@ def test_padded_bucketed_batch_equals_the_eager_step(tiny_checkpoint):
             after_eager = clone_caches(engine)
             restore_caches(engine, saved)
             inputs = DecodeInputs(8, context, 16, scratch_block, scratch_slot, engine.device)
-            inputs.fill(scheduled)
+            inputs.fill(runner.step_requests(scheduled))
             got = runner.forward(inputs.batch)[:len(scheduled)]
             scale = expected.abs().max()
             assert (got - expected).abs().max() <= 1e-5 * scale, f"context {context}"

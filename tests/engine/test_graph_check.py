@@ -69,7 +69,7 @@ def test_a_replay_that_agrees_serves_the_step_and_leaves_the_states_alone(tiny_c
     for tensor, saved in zip((engine.state_pool.recurrent, engine.state_pool.conv), before):
         tensor[:, slots] = saved
     graphs = decode_graphs(engine, engine.kernels.eager, monkeypatch)
-    logits = graphs.run(scheduled)
+    logits = graphs.run(engine.runner.step_requests(scheduled))
     assert logits is not None and not graphs.refused
     assert (logits - expected).abs().max() <= 1e-5 * expected.abs().max()
     # the check's replay and eager run left no trace: the states advanced exactly once
@@ -87,14 +87,14 @@ def test_a_replay_that_differs_turns_its_shape_eager_and_names_the_op(tiny_check
         return (lambda *args: fn(*args) * 1.5) if op == "rms_norm" else fn
     graphs = decode_graphs(engine, engine.kernels.eager.wrapped(wrong_rms_norm), monkeypatch)
     with caplog.at_level(logging.WARNING, logger="atomk31.engine.cuda_graphs"):
-        assert graphs.run(scheduled) is None                     # run eagerly instead
+        assert graphs.run(engine.runner.step_requests(scheduled)) is None                     # run eagerly instead
     (shape, reason), = graphs.refused.items()
     assert shape == (2, 64) and "op rms_norm" in reason, reason
     assert "run eagerly: the graph's replay differs from the eager step" in caplog.text
     assert "op rms_norm (atomk31.ops.norms.rms_norm_torch) differs most" in caplog.text
     for got, want in zip(states(engine, slots), before):       # nothing advanced yet
         assert torch.equal(got, want)
-    assert graphs.run(scheduled) is None and not graphs.graphs  # refused: not captured again
+    assert graphs.run(engine.runner.step_requests(scheduled)) is None and not graphs.graphs  # refused: not captured again
 
 
 def test_a_capture_that_fails_turns_only_its_shape_eager(tiny_checkpoint, monkeypatch, caplog):
@@ -108,7 +108,7 @@ def test_a_capture_that_fails_turns_only_its_shape_eager(tiny_checkpoint, monkey
         raise error
     graphs.forward = forward
     with caplog.at_level(logging.WARNING, logger="atomk31.engine.cuda_graphs"):
-        assert graphs.run(scheduled) is None
+        assert graphs.run(engine.runner.step_requests(scheduled)) is None
     assert graphs.enabled, "one shape's failure leaves the other shapes to graphs"
     assert "in op indexer_score" in graphs.refused[2, 64]
     assert "capturing them failed in op indexer_score" in caplog.text
