@@ -15,6 +15,9 @@ Arrivals: all at once with --request-rate inf (the default), else a Poisson proc
 rate; --max-concurrency bounds the requests in flight (the wait is the result's queue_times).
 Each request has a --request-timeout deadline, so a stuck server ends the run with failures
 instead of a hang; failures are counted and their errors printed (grouped) and kept in the JSON.
+
+A speculative server's acceptance over the run comes from its /metrics (serve_spec.py): the
+result's ``spec_decode`` (None without speculation counters) and a section of the report.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from atomk31.bench.serve_client import (
     CHAT, RequestResult, RequestSpec, endpoint_kind, request_body, send_request,
 )
 from atomk31.bench.serve_metrics import compute_metrics, format_report
+from atomk31.bench.serve_spec import format_spec_decode, read_spec_counters, spec_decode_figures
 from atomk31.checkpoint import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -202,7 +206,9 @@ async def benchmark(options: ServeOptions, percentiles: list[float], goodput: di
         model = options.model or await first_model(client, base, auth_headers(options))
         tokenizer, tokenizer_id = resolve_tokenizer(options.tokenizer, model, builtin_checkpoint)
         specs = build_requests(options, tokenizer)
+        counters_before = await read_spec_counters(client, base, auth_headers(options))
         results, duration = await run_requests(options, client, model, specs)
+        counters_after = await read_spec_counters(client, base, auth_headers(options))
     for result in results:
         if result.success and result.output_tokens is None:   # the server sent no usage
             result.output_tokens = len(tokenizer.encode(result.generated_text))
@@ -220,6 +226,7 @@ async def benchmark(options: ServeOptions, percentiles: list[float], goodput: di
         "prompt_format": prompt_format(options),
         "seed": options.seed, "percentiles": percentiles, "goodput": goodput or None,
         "duration": duration, **metrics,
+        "spec_decode": spec_decode_figures(counters_before, counters_after),
         "input_lens": [r.prompt_len for r in results],
         "output_lens": [r.output_tokens or 0 for r in results],
         "ttfts": [r.ttft for r in results], "itls": [r.itl for r in results],
@@ -245,5 +252,7 @@ def report(result: dict, selected: list[str]) -> str:
     rate = result["request_rate"]
     table = format_report(result, result["duration"], result["max_concurrency"],
                           float(rate), selected, result["percentiles"])
+    if result.get("spec_decode"):
+        table += "\n" + format_spec_decode(result["spec_decode"])
     errors = error_summary(result["errors"])
     return f"{errors}\n{table}" if errors else table

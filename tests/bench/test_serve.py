@@ -83,6 +83,7 @@ def test_completions_at_concurrency_two_report_vllms_fields_and_counts(tiny_serv
         tpots.append((latency - ttft) / 4 * 1e3)
     assert result["mean_tpot_ms"] == pytest.approx(np.mean(tpots))
     assert result["errors"] == [""] * 4
+    assert result["spec_decode"] is None             # no speculation counters on this server
     assert_pools_free(tiny_server)
 
 
