@@ -15,7 +15,8 @@ import torch
 from atomk31.demo.train.kda_backend import KDA_BACKENDS
 from atomk31.demo.train.loop import RunOptions, Trainer
 from atomk31.demo.train.run_setup import start_run
-from atomk31.demo.train.settings import PROFILES
+from atomk31.demo.tasks import FAMILIES
+from atomk31.demo.train.settings import FAMILY_WEIGHTS, PROFILES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,7 +38,23 @@ def _parser() -> argparse.ArgumentParser:
                         help="start from this checkpoint's weights (e.g. a previous run's "
                         "DIR/checkpoint) instead of a random init")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    parser.add_argument("--family-weights", type=_family_weights, default=None,
+                        metavar="A,P,T,C", help="the mixed batch's weights of arithmetic, "
+                        "passkey, tools, chat (default: the profile's, "
+                        f"{','.join(map(str, FAMILY_WEIGHTS))})")
     return parser
+
+
+def _family_weights(text: str) -> tuple[float, ...]:
+    try:
+        weights = tuple(float(w) for w in text.split(","))
+    except ValueError:
+        weights = ()
+    if len(weights) != len(FAMILIES) or min(weights) < 0 or not sum(weights) > 0:
+        raise argparse.ArgumentTypeError(
+            f"expected {len(FAMILIES)} non-negative weights, not all 0, for "
+            f"{', '.join(FAMILIES)}; got {text!r}")
+    return weights
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     profile = args.profile or ("gpu" if device.startswith("cuda") else "cpu")
     options = RunOptions(seed=args.seed, out=args.out, profile=profile, device=device,
                          max_minutes=args.max_minutes, steps=args.steps,
-                         kda_backend=args.kda_backend, init_from=args.init_from)
+                         kda_backend=args.kda_backend, init_from=args.init_from,
+                         family_weights=args.family_weights)
     Trainer(options).run()
     return 0
 

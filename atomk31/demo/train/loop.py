@@ -9,6 +9,7 @@ stops at the step count or `max_minutes` after start-up, whichever comes first, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import platform
@@ -55,6 +56,8 @@ class RunOptions:
     steps: int | None = None
     kda_backend: str = "torch"
     init_from: Path | None = None     # start from a checkpoint's weights instead of the init
+    # the mixed batch's family weights (tasks.FAMILIES order) instead of the profile's
+    family_weights: tuple[float, ...] | None = None
 
 
 @dataclass
@@ -158,6 +161,9 @@ class Trainer:
     def __init__(self, options: RunOptions) -> None:
         self.options = options
         self.settings = PROFILES[options.profile]
+        if options.family_weights is not None:
+            self.settings = self.settings.replace(data=dataclasses.replace(
+                self.settings.data, family_weights=tuple(options.family_weights)))
         self.state = RunState(options={k: str(v) for k, v in asdict(options).items()},
                               started=time.monotonic())
         self.deadline = self.state.started + options.max_minutes * 60

@@ -43,14 +43,21 @@ def test_steps_must_be_positive():
         main(["--out", "/nonexistent", "--steps", "0"])
 
 
-@pytest.mark.gpu
-def test_toy_run_on_the_gpu(tmp_path):
-    """The trainer's CUDA path (bf16 autocast, pinned batches, fused AdamW, masked SDPA) at toy
-    size: run before the real training run to catch a device problem in a minute."""
-    out = tmp_path / "run"
-    assert main(["--seed", "0", "--out", str(out), "--profile", "toy", "--steps", "8",
-                 "--device", "cuda"]) == 0
-    result = json.loads((out / "train_result.json").read_text())
-    losses = [entry["loss"] for entry in result["log"]]
-    assert losses[-1] < 0.7 * losses[0], losses
-    assert (out / "checkpoint" / "model.safetensors").is_file()
+@pytest.mark.parametrize("weights", ["0.5,0.5,0", "1,1,-1,1", "0,0,0,0", "a,b,c,d"])
+def test_bad_family_weights_are_refused(weights, capsys):
+    with pytest.raises(SystemExit):
+        main(["--out", "/nonexistent", "--family-weights", weights])
+    assert "expected 4 non-negative weights, not all 0, for arithmetic, passkey, tools, " \
+           "chat" in capsys.readouterr().err
+
+
+def test_family_weights_replace_the_profiles(tmp_path):
+    from atomk31.demo.train.loop import RunOptions, Trainer
+    from atomk31.demo.train.settings import PROFILES
+
+    trainer = Trainer(RunOptions(seed=0, out=tmp_path, profile="toy", device="cpu",
+                                 family_weights=(0.2, 0.1, 0.6, 0.1)))
+    assert trainer.settings.data.family_weights == (0.2, 0.1, 0.6, 0.1)
+    assert trainer.settings.data.short_batch == PROFILES["toy"].data.short_batch
+    assert Trainer(RunOptions(seed=0, out=tmp_path / "b", profile="toy", device="cpu")
+                   ).settings == PROFILES["toy"]
