@@ -10,7 +10,11 @@ Figures (greedy, `kernel_backend="torch"`, the task families' eval prompts):
   without speculation, which the run checks, so both sides decode the same tokens.
 
 Run: python -m benchmarks.engine.spec_acceptance [--prompts-per-family 4] [--max-tokens 64]
-[--threads 2]; writes benchmarks/results/<date>_cpu_spec_decode.json.
+[--threads 2] [--kernel-backend torch] [--device cpu]; writes
+benchmarks/results/<date>_<device>_spec_decode.json. On a GPU (``--kernel-backend auto --device
+cuda``, BF16) a verify pass and a decode step round differently, so greedy outputs may part at
+near-ties: the run counts the requests whose outputs differ instead of failing (it fails on a
+difference only in float32).
 """
 
 from __future__ import annotations
@@ -45,13 +49,16 @@ def family_prompts(per_family: int) -> dict[str, list[list[int]]]:
         for family in FAMILIES}
 
 
+ENGINE = {"kernel_backend": "torch", "device": None}     # main() sets them from the flags
+
+
 def make_llm(num_drafts: int | None):
     from atomk31 import LLM
 
     spec = None if num_drafts is None else {"model": "builtin",
                                             "num_speculative_tokens": num_drafts}
     # 16 sequences at most: the CPU cache budget holds 1 + k KDA states per sequence
-    return LLM(kernel_backend="torch", max_num_seqs=max(BATCHES), speculative_config=spec)
+    return LLM(max_num_seqs=max(BATCHES), speculative_config=spec, **ENGINE)
 
 
 def acceptance(prompts: dict[str, list[list[int]]], max_tokens: int) -> dict[str, dict]:
@@ -109,14 +116,19 @@ def throughput(prompts: dict[str, list[list[int]]], max_tokens: int) -> dict[str
         batches = [[p] for p in mixed[:len(prompts)]] if batch == 1 else [mixed[:batch]]
         plain_rate, plain_tokens = decode_rate(plain, batches, max_tokens)
         spec_rate, spec_tokens = decode_rate(spec, batches, max_tokens)
-        if plain_tokens != spec_tokens:
+        differ = sum(a != b for a, b in zip(plain_tokens, spec_tokens))
+        if differ and plain.engine.config.compute_dtype == torch.float32:
             raise RuntimeError(f"greedy outputs differ with speculation at {batch} requests: "
                                "the engine's speculative path is not exact; run "
                                "tests/engine/test_speculative.py")
+        if differ:
+            logger.warning("%d of %d outputs differ with speculation (16-bit rounding at "
+                           "near-ties)", differ, len(plain_tokens))
         figures[str(batch)] = {"plain_tokens_per_s": round(plain_rate, 2),
                                "spec_tokens_per_s": round(spec_rate, 2),
                                "speedup": round(spec_rate / plain_rate, 3),
-                               "decoded_tokens": sum(len(t) - 1 for t in plain_tokens)}
+                               "decoded_tokens": sum(len(t) - 1 for t in plain_tokens),
+                               "outputs_differ": differ}
         logger.info("%d requests: %s", batch, figures[str(batch)])
     return figures
 
@@ -126,14 +138,18 @@ def main() -> None:
     parser.add_argument("--prompts-per-family", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--kernel-backend", default="torch")
+    parser.add_argument("--device", default=None)
     args = parser.parse_args()
+    ENGINE.update(kernel_backend=args.kernel_backend, device=args.device)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     torch.set_num_threads(args.threads)
     prompts = family_prompts(args.prompts_per_family)
     payload = {
         "machine": {"cpu": platform.processor() or platform.machine(),
                     "cores": os.cpu_count(), "torch_threads": torch.get_num_threads()},
-        "settings": {"kernel_backend": "torch", "greedy": True, "max_tokens": args.max_tokens,
+        "settings": {"kernel_backend": args.kernel_backend, "device": args.device or "auto",
+                     "greedy": True, "max_tokens": args.max_tokens,
                      "prompts_per_family": args.prompts_per_family, "draft": "builtin"},
         "mean_acceptance_length": acceptance(prompts, args.max_tokens),
         "decode_tokens_per_s": throughput(prompts, args.max_tokens),
