@@ -94,6 +94,13 @@ class ModelConfig:
     def is_mla_layer(self, layer: int) -> bool:
         return layer in self.mla_layer_ids
 
+    def dequantized_expert_bytes(self, itemsize: int, ranks: int = 1) -> int:
+        """Bytes of one rank's routed experts (w1, w2, w3) at ``itemsize`` bytes a weight."""
+        per_expert = 3 * self.moe_intermediate_size * (self.routed_expert_hidden_size
+                                                       or self.hidden_size) * itemsize
+        moe_layers = sum(map(self.is_moe_layer, range(self.num_hidden_layers)))
+        return -(-moe_layers * self.num_experts * per_expert // ranks)
+
     def is_moe_layer(self, layer: int) -> bool:
         """§1: MoE iff l >= first_k_dense_replace and l % moe_layer_freq == 0."""
         return layer >= self.first_k_dense_replace and layer % self.moe_layer_freq == 0
@@ -339,17 +346,9 @@ class EngineConfig:
             return self.dequantize_experts == "on"
         if not on_cpu or self.kernel_backend not in ("auto", "torch"):
             return False
-        return dequantized_expert_bytes(model_config, compute.itemsize,
-                                        self.tensor_parallel_size) \
+        return model_config.dequantized_expert_bytes(compute.itemsize,
+                                                     self.tensor_parallel_size) \
             <= CPU_DEQUANTIZED_EXPERTS_MAX_BYTES
-
-
-def dequantized_expert_bytes(model_config: ModelConfig, itemsize: int, ranks: int) -> int:
-    """Bytes of one rank's routed experts (w1, w2, w3) dequantized to ``itemsize`` bytes."""
-    latent = model_config.routed_expert_hidden_size or model_config.hidden_size
-    per_expert = 3 * model_config.moe_intermediate_size * latent * itemsize
-    moe_layers = sum(map(model_config.is_moe_layer, range(model_config.num_hidden_layers)))
-    return -(-moe_layers * model_config.num_experts * per_expert // ranks)
 
 
 def parallel_option_problems(options: "EngineConfig") -> list[str]:

@@ -7,7 +7,7 @@ import torch
 import atomk31.config as config_module
 from atomk31 import LLM, SamplingParams
 from atomk31.checkpoint import preset_config
-from atomk31.config import ConfigError, EngineConfig, ModelConfig, dequantized_expert_bytes
+from atomk31.config import ConfigError, EngineConfig, ModelConfig
 
 CPU = torch.device("cpu")
 
@@ -30,12 +30,12 @@ def test_auto_dequantizes_for_torch_kernels_on_cpu_only():
 
 def test_auto_keeps_mxfp4_past_the_byte_limit(monkeypatch):
     config = tiny()
-    size = dequantized_expert_bytes(config, 4, 1)
+    size = config.dequantized_expert_bytes(4)
     # the tiny preset: 7 MoE layers (of 8; the first is dense) x 16 experts x w1, w2, w3, fp32
     per_expert = 3 * config.moe_intermediate_size * config.routed_expert_hidden_size * 4
     moe_layers = sum(map(config.is_moe_layer, range(config.num_hidden_layers)))
     assert moe_layers == 7 and size == moe_layers * config.num_experts * per_expert
-    assert dequantized_expert_bytes(config, 4, 2) == -(-size // 2)
+    assert config.dequantized_expert_bytes(4, ranks=2) == -(-size // 2)
     monkeypatch.setattr(config_module, "CPU_DEQUANTIZED_EXPERTS_MAX_BYTES", size - 1)
     assert not resolved().dequantize_experts
     monkeypatch.setattr(config_module, "CPU_DEQUANTIZED_EXPERTS_MAX_BYTES", size)
