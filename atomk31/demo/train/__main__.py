@@ -42,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
                         metavar="A,P,T,C", help="the mixed batch's weights of arithmetic, "
                         "passkey, tools, chat (default: the profile's, "
                         f"{','.join(map(str, FAMILY_WEIGHTS))})")
+    parser.add_argument("--peak-lr", type=float, default=None,
+                        help="peak learning rate (default: the profile's; a run from "
+                        "--init-from wants less)")
     return parser
 
 
@@ -59,13 +62,15 @@ def _family_weights(text: str) -> tuple[float, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.peak_lr is not None and not args.peak_lr > 0:
+        raise SystemExit(f"--peak-lr must be > 0, got {args.peak_lr}")
     start_run(args.threads, args.steps)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     profile = args.profile or ("gpu" if device.startswith("cuda") else "cpu")
     options = RunOptions(seed=args.seed, out=args.out, profile=profile, device=device,
                          max_minutes=args.max_minutes, steps=args.steps,
                          kda_backend=args.kda_backend, init_from=args.init_from,
-                         family_weights=args.family_weights)
+                         family_weights=args.family_weights, peak_lr=args.peak_lr)
     Trainer(options).run()
     return 0
 

@@ -58,6 +58,7 @@ class RunOptions:
     init_from: Path | None = None     # start from a checkpoint's weights instead of the init
     # the mixed batch's family weights (tasks.FAMILIES order) instead of the profile's
     family_weights: tuple[float, ...] | None = None
+    peak_lr: float | None = None      # instead of the profile's (a continuation wants less)
 
 
 @dataclass
@@ -164,6 +165,8 @@ class Trainer:
         if options.family_weights is not None:
             self.settings = self.settings.replace(data=dataclasses.replace(
                 self.settings.data, family_weights=tuple(options.family_weights)))
+        if options.peak_lr is not None:
+            self.settings = self.settings.replace(peak_lr=options.peak_lr)
         self.state = RunState(options={k: str(v) for k, v in asdict(options).items()},
                               started=time.monotonic())
         self.deadline = self.state.started + options.max_minutes * 60

@@ -41,6 +41,8 @@ def test_toy_run_learns_and_writes_a_checkpoint_both_paths_load(tmp_path):
 def test_steps_must_be_positive():
     with pytest.raises(SystemExit, match="--steps must be >= 1, got 0"):
         main(["--out", "/nonexistent", "--steps", "0"])
+    with pytest.raises(SystemExit, match="--peak-lr must be > 0, got 0.0"):
+        main(["--out", "/nonexistent", "--peak-lr", "0"])
 
 
 @pytest.mark.parametrize("weights", ["0.5,0.5,0", "1,1,-1,1", "0,0,0,0", "a,b,c,d"])
@@ -56,8 +58,9 @@ def test_family_weights_replace_the_profiles(tmp_path):
     from atomk31.demo.train.settings import PROFILES
 
     trainer = Trainer(RunOptions(seed=0, out=tmp_path, profile="toy", device="cpu",
-                                 family_weights=(0.2, 0.1, 0.6, 0.1)))
+                                 family_weights=(0.2, 0.1, 0.6, 0.1), peak_lr=1e-4))
     assert trainer.settings.data.family_weights == (0.2, 0.1, 0.6, 0.1)
+    assert trainer.settings.peak_lr == 1e-4 and trainer.schedule.peak_lr == 1e-4
     assert trainer.settings.data.short_batch == PROFILES["toy"].data.short_batch
     assert Trainer(RunOptions(seed=0, out=tmp_path / "b", profile="toy", device="cpu")
                    ).settings == PROFILES["toy"]
