@@ -25,14 +25,13 @@ Tokens must equal one process's, logits agree within 1e-5 of the largest, pools 
 
 import dataclasses
 import shutil
-import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 import dcp_ranks
+from rank_processes import run_rank_processes
 from atomk31 import LLM, SamplingParams
 from atomk31.ops.topk import topk_positions_torch
 from sampled_logits import SampledLogits, largest_difference
@@ -43,7 +42,6 @@ OPTIONS = dict(block_size=16, kernel_backend="torch", kv_cache_memory=64 << 20, 
                max_num_batched_tokens=64)
 MAX_TOKENS = 4
 TIED_KEYS = "language_model.model.layers.3.self_attn.indexer.wk.weight"
-RANK_TIMEOUT_S = 600
 NEAR_TIE = 1e-6
 
 
@@ -87,25 +85,9 @@ def one_process(tied_checkpoint):
 
 
 def run_ranks(checkpoint, tp: int, dcp: int, out_dir) -> list[dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     options = dict(OPTIONS, tensor_parallel_size=tp, decode_context_parallel_size=dcp)
-    context = mp.get_context("spawn")
-    processes = [context.Process(target=dcp_ranks.run_rank, args=(
-        rank, tp, port, str(checkpoint), options, prompts(), MAX_TOKENS, str(out_dir)))
-        for rank in range(tp)]
-    for p in processes:
-        p.start()
-    for p in processes:
-        p.join(RANK_TIMEOUT_S)
-    errors = [f.read_text() for f in sorted(out_dir.glob("*.error"))]
-    for p in processes:
-        if p.is_alive():
-            p.kill()
-    assert not errors, errors[0]
-    assert all(p.exitcode == 0 for p in processes), [p.exitcode for p in processes]
-    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(tp)]
+    return run_rank_processes(dcp_ranks.run_rank, tp,
+                              (str(checkpoint), options, prompts(), MAX_TOKENS), out_dir)
 
 
 def group_selection(records: list[dict], dcp: int) -> tuple[torch.Tensor, torch.Tensor, int]:

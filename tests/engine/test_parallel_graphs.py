@@ -12,13 +12,11 @@ hit restores a KDA snapshot a replayed decode step took (one every block of 16 t
 snapshot missed, or repeated a step late on the other ranks, changes its logits.
 """
 
-import socket
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 import graph_ranks
+from rank_processes import run_rank_processes
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +25,6 @@ OPTIONS = dict(block_size=16, kernel_backend="torch", kv_cache_memory=64 << 20, 
 MAX_TOKENS = 6
 SHAPES = [(4, 64), (4, 256)]
 TOLERANCE = 1e-5          # of the largest |logit|
-RANK_TIMEOUT_S = 600
 
 
 def prompts() -> list[list[int]]:
@@ -41,25 +38,9 @@ def one_process(tiny_checkpoint):
 
 
 def run_ranks(checkpoint, out_dir, tp: int = 2, dcp: int = 1, faults=None) -> list[dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     options = dict(OPTIONS, tensor_parallel_size=tp, decode_context_parallel_size=dcp)
-    context = mp.get_context("spawn")
-    processes = [context.Process(target=graph_ranks.run_rank, args=(
-        rank, tp, port, str(checkpoint), options, prompts(), MAX_TOKENS, faults or {},
-        str(out_dir))) for rank in range(tp)]
-    for p in processes:
-        p.start()
-    for p in processes:
-        p.join(RANK_TIMEOUT_S)
-    errors = [f.read_text() for f in sorted(out_dir.glob("*.error"))]
-    for p in processes:
-        if p.is_alive():
-            p.kill()
-    assert not errors, errors[-1]
-    assert all(p.exitcode == 0 for p in processes), [p.exitcode for p in processes]
-    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(tp)]
+    return run_rank_processes(graph_ranks.run_rank, tp, (str(checkpoint), options, prompts(),
+                                                        MAX_TOKENS, faults or {}), out_dir)
 
 
 def assert_equals_one_process(first: dict, one_process: dict) -> None:
