@@ -182,10 +182,14 @@ class CompletionRequestRun:
                        completion: CompletionOutput) -> dict | None:
         if state.finish_reason is not None:
             return None
+        has_new_tokens = len(completion.token_ids) > state.num_tokens_sent
         part = self._new_part(state, completion)
         state.finish_reason = completion.finish_reason
-        if not part["text"] and not completion.finished and not (
-                part["logprobs"] is not None and part["logprobs"].tokens):
+        # A chunk for every step that produced tokens, its text empty while they complete no
+        # character (a special token, part of a UTF-8 sequence, a held-back stop string), as
+        # vLLM streams completions: a client then sees each token's arrival (TTFT, ITL).
+        if not (part["text"] or has_new_tokens or completion.finished
+                or (part["logprobs"] is not None and part["logprobs"].tokens)):
             return None
         return CompletionChoice(**part).model_dump(mode="json")
 

@@ -100,6 +100,9 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     _flag(parser, "range_ratio", "--random-range-ratio", type=float, default=0.0,
           help="lengths uniform within ±this share of the means")
     _flag(parser, "num_prompts", type=int, default=100)
+    _flag(parser, "num_warmups", type=int, default=0,
+          help="requests sent first, at the same concurrency, and not counted (other random "
+               "prompts): a server's first steps of a shape may compile or capture graphs")
     _flag(parser, "seed", type=int, default=0)
     _flag(parser, "max_concurrency", type=int, default=None,
           help="requests in flight at most (default: no bound)")
@@ -148,6 +151,8 @@ def _run_serve(args: argparse.Namespace, builtin_checkpoint: Callable[[], Path])
         raise BenchmarkError(f"--percentile-metrics: unknown {unknown}; choose from "
                          f"{', '.join(METRICS)}")
     _check_positive(args, "input_len", "output_len", "num_prompts", "request_timeout")
+    if args.num_warmups < 0:
+        raise BenchmarkError(f"--num-warmups must be >= 0, got {args.num_warmups}")
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise BenchmarkError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
     if not args.request_rate > 0:
@@ -161,7 +166,7 @@ def _run_serve(args: argparse.Namespace, builtin_checkpoint: Callable[[], Path])
         ignore_eos=args.ignore_eos, temperature=args.temperature,
         prompt_format=args.prompt_format,
         request_timeout=args.request_timeout, api_key=args.api_key,
-        disable_tqdm=args.disable_tqdm)
+        disable_tqdm=args.disable_tqdm, num_warmups=args.num_warmups)
     result = asyncio.run(benchmark(options, parse_percentiles(args.metric_percentiles),
                                    parse_goodput(args.goodput), builtin_checkpoint))
     print(report(result, selected))

@@ -16,6 +16,11 @@ rate; --max-concurrency bounds the requests in flight (the wait is the result's 
 Each request has a --request-timeout deadline, so a stuck server ends the run with failures
 instead of a hang; failures are counted and their errors printed (grouped) and kept in the JSON.
 
+Warm-ups: --num-warmups requests (other random prompts of the same lengths, so that the timed
+ones get no prefix-cache hit from them) run first at the same concurrency and are not counted:
+a server that compiles or captures CUDA graphs on a shape's first step (ours does) would
+otherwise put those seconds into the first requests' TTFT.
+
 A speculative server's acceptance over the run comes from its /metrics (serve_spec.py): the
 result's ``spec_decode`` (None without speculation counters) and a section of the report.
 """
@@ -50,6 +55,7 @@ from atomk31.checkpoint import Tokenizer
 logger = logging.getLogger(__name__)
 
 MODELS_TIMEOUT_S = 30.0
+WARMUP_SEED_OFFSET = 1_000_003     # the warm-up prompts' seed: --seed + this
 MAX_ERRORS_SHOWN = 10
 
 
@@ -76,6 +82,7 @@ class ServeOptions:
     request_timeout: float
     api_key: str | None
     disable_tqdm: bool
+    num_warmups: int = 0               # requests sent first and not counted (module docstring)
 
 
 def auth_headers(options: ServeOptions) -> dict[str, str]:
@@ -206,6 +213,11 @@ async def benchmark(options: ServeOptions, percentiles: list[float], goodput: di
         model = options.model or await first_model(client, base, auth_headers(options))
         tokenizer, tokenizer_id = resolve_tokenizer(options.tokenizer, model, builtin_checkpoint)
         specs = build_requests(options, tokenizer)
+        if options.num_warmups:
+            warmup = ServeOptions(**{**vars(options), "num_prompts": options.num_warmups,
+                                     "seed": options.seed + WARMUP_SEED_OFFSET,
+                                     "disable_tqdm": True})
+            await run_requests(warmup, client, model, build_requests(warmup, tokenizer))
         counters_before = await read_spec_counters(client, base, auth_headers(options))
         results, duration = await run_requests(options, client, model, specs)
         counters_after = await read_spec_counters(client, base, auth_headers(options))
@@ -224,7 +236,7 @@ async def benchmark(options: ServeOptions, percentiles: list[float], goodput: di
         "request_rate": options.request_rate if options.request_rate < float("inf") else "inf",
         "max_concurrency": options.max_concurrency, "ignore_eos": options.ignore_eos,
         "prompt_format": prompt_format(options),
-        "seed": options.seed, "percentiles": percentiles, "goodput": goodput or None,
+        "seed": options.seed, "num_warmups": options.num_warmups, "percentiles": percentiles, "goodput": goodput or None,
         "duration": duration, **metrics,
         "spec_decode": spec_decode_figures(counters_before, counters_after),
         "input_lens": [r.prompt_len for r in results],

@@ -1,9 +1,11 @@
 """One streamed request to an OpenAI-compatible server, timed as `vllm bench serve` times it.
 
 Timings (seconds, client side, from just before the request is sent):
-- ttft: until the first chunk that carries generated output (completions `text`, chat
-  `content` / `reasoning_content` / `tool_calls`, or a finish reason). A chat stream's opening
-  chunk that only names the role carries nothing generated and does not count.
+- ttft: until the first chunk that carries generated output: any completions chunk with a
+  choice (its `text` may be empty, e.g. for a special token or part of a character: vLLM's
+  client counts it too), or a chat chunk with `content` / `reasoning_content` / `tool_calls`
+  or a finish reason. A chat stream's opening chunk that only names the role carries nothing
+  generated and does not count.
 - itl: the gaps between successive such chunks ("per chunk": a chunk may hold several tokens).
 - latency (E2EL): until the last such chunk.
 output_tokens comes from the stream's final usage chunk (requested with
@@ -136,7 +138,9 @@ def _record_chunk(payload: dict, result: RequestResult, now: float, last: float 
     delta = choice.get("delta") or {}
     text = choice.get("text") or ""
     text += (delta.get("reasoning_content") or "") + (delta.get("content") or "")
-    carries_output = bool(text or delta.get("tool_calls") or choice.get("finish_reason"))
+    is_completion = "text" in choice            # a completions choice, empty text or not
+    carries_output = is_completion or bool(text or delta.get("tool_calls")
+                                           or choice.get("finish_reason"))
     if not carries_output:
         return False
     if last is None:

@@ -90,7 +90,8 @@ def apply_yarn_rope(x: torch.Tensor, positions: torch.Tensor, config: DraftRefer
     """Rotate the rope lane x [T, ..., d_r] at absolute positions [T] (interleaved pairs
     (2i, 2i+1), or NeoX halves when rope_interleave is false), cos and sin scaled by
     ms(s, mscale) / ms(s, mscale_all_dim)."""
-    angle = positions.double()[:, None] * yarn_frequencies(config)[None, :]    # [T, d_r/2]
+    frequencies = yarn_frequencies(config).to(positions.device)
+    angle = positions.double()[:, None] * frequencies[None, :]                 # [T, d_r/2]
     scale = yarn_mscale(config.rope_factor, config.mscale) / yarn_mscale(config.rope_factor, config.mscale_all_dim)
     cos, sin = (torch.cos(angle) * scale).float(), (torch.sin(angle) * scale).float()
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (cos.shape[-1],)

@@ -2,7 +2,8 @@
 # `atomk31 bench serve` at several concurrencies against a server started here (issue 17):
 # starts `atomk31 serve --model MODEL`, waits for /health, runs one benchmark per concurrency
 # (prompts of $INPUT_LEN tokens, default 2048, generating $OUTPUT_LEN, default 256, with
-# ignore_eos; 4 requests per slot, at least 8) writing OUT_DIR/serve_c<C>.json, then stops the
+# ignore_eos; 4 requests per slot, at least 8, after C warm-up requests that capture the
+# concurrency's graph shapes) writing OUT_DIR/serve_c<C>.json, then stops the
 # server ($PORT, default 8123). Extra arguments go to `atomk31 serve`
 # (e.g. --online-quant-config '{"global_quant_config": "ptpc_fp8"}').
 #
@@ -28,6 +29,6 @@ done
 for c in ${concurrencies//,/ }; do
     prompts=$(( c * 4 > 8 ? c * 4 : 8 ))
     python3 -m atomk31.cli bench serve --port "$port" --max-concurrency "$c" \
-        --num-prompts "$prompts" --input-len "$input_len" --output-len "$output_len" --ignore-eos \
+        --num-prompts "$prompts" --num-warmups "$c" --input-len "$input_len" --output-len "$output_len" --ignore-eos \
         --metric-percentiles 50,90,99 --disable-tqdm --result-file "$out/serve_c$c.json"
 done

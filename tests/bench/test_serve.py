@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -84,6 +85,23 @@ def test_completions_at_concurrency_two_report_vllms_fields_and_counts(tiny_serv
     assert result["mean_tpot_ms"] == pytest.approx(np.mean(tpots))
     assert result["errors"] == [""] * 4
     assert result["spec_decode"] is None             # no speculation counters on this server
+    assert_pools_free(tiny_server)
+
+
+def generation_tokens(server: LiveServer) -> float:
+    """The server's generated-token counter (its /metrics)."""
+    text = httpx.get(server.base_url + "/metrics").text
+    return float(re.search(r"^atomk31_generation_tokens_total (\S+)$", text, re.M).group(1))
+
+
+def test_warm_ups_reach_the_server_and_are_not_counted(tiny_server, tmp_path):
+    before = generation_tokens(tiny_server)
+    code, result = bench_serve(tiny_server, tmp_path / "r.json", "--num-prompts", "2",
+                               "--num-warmups", "3", "--max-concurrency", "2", "--input-len",
+                               "12", "--output-len", "4", "--ignore-eos")
+    assert code == 0 and result["num_warmups"] == 3
+    assert (result["completed"], result["total_output_tokens"]) == (2, 8)
+    assert generation_tokens(tiny_server) - before == 4 * (2 + 3)
     assert_pools_free(tiny_server)
 
 

@@ -65,6 +65,17 @@ def test_a_completions_stream_gives_ttft_itl_e2el_and_usage():
     assert (result.output_tokens, result.prompt_len) == (3, 7)
 
 
+def test_a_completions_chunk_with_empty_text_is_a_token_arrival():
+    """A token that completes no character (a special token, part of a UTF-8 sequence) comes
+    as a chunk with empty text: it is the first token's arrival, as vLLM's client counts it."""
+    events = [*sse(text_chunk("")), 0.05, *sse(text_chunk("")), *sse(text_chunk("ab", "length")),
+              *sse(USAGE, "[DONE]")]
+    result = run(serve(events))
+    assert result.success and result.ttft < 0.05
+    assert len(result.itl) == 2 and result.itl[0] >= 0.05
+    assert result.generated_text == "ab"
+
+
 def test_a_chat_role_chunk_does_not_count_as_the_first_token():
     events = [*sse(chat_chunk({"role": "assistant", "content": ""})), 0.1,
               *sse(chat_chunk({"reasoning_content": "hm"})), *sse(chat_chunk({"content": "ok"})),

@@ -1,6 +1,7 @@
 """The shipped model answers fixed prompts of every family correctly through the server (CPU,
 torch kernels): arithmetic, a 2K-token passkey, a tool call, an answer from a tool result, a
-capital and a greeting. Skipped until the trained weights are in atomk31/demo/weights/."""
+capital and a greeting (arithmetic: ten instances of the eval stream, at most one wrong, as the
+goal allows). Skipped until the trained weights are in atomk31/demo/weights/."""
 
 import json
 
@@ -8,6 +9,7 @@ import pytest
 
 from atomk31.config import EngineConfig
 from atomk31.demo.shipped import SHIPPED_DIR, shipped_checkpoint
+from atomk31.demo.tasks import generate
 from atomk31.demo.tasks.passkey import make_example as passkey_example
 from atomk31.demo.tasks.tool_definitions import TOOLS
 from live_server import LiveServer
@@ -37,12 +39,22 @@ def _ask(client, messages, tools=None, max_tokens=512):
     return reply.choices[0]
 
 
-@pytest.mark.parametrize(("question", "answer"), [
-    ("What is 347 + 589?", "936"), ("What is 902 - 38?", "864"), ("What is 47 * 86?", "4042")])
-def test_arithmetic(client, question, answer):
-    choice = _ask(client, [{"role": "user", "content": question}])
-    assert choice.message.content.strip() == answer
-    assert choice.message.reasoning_content
+ARITHMETIC_INSTANCES = 10     # the eval split's first ones, seed 0 (new to the trainer)
+ARITHMETIC_MAY_MISS = 1       # the goal is 95%: one miss in ten is within it
+
+
+def test_arithmetic(client):
+    """Sums, differences and products of the eval stream, answered with working in the
+    reasoning and the bare number as content; at most one of ten wrong (the goal's 95%)."""
+    misses = []
+    for i in range(ARITHMETIC_INSTANCES):
+        example = generate("arithmetic", "eval", 0, i)
+        choice = _ask(client, example.messages)
+        assert choice.message.reasoning_content, example.messages[-1]["content"]
+        content = choice.message.content.strip()
+        if content != str(example.expected["answer"]):
+            misses.append((example.messages[-1]["content"], content))
+    assert len(misses) <= ARITHMETIC_MAY_MISS, misses
 
 
 def test_passkey_at_2k_tokens(client):

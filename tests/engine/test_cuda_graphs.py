@@ -204,13 +204,16 @@ def test_graph_decode_equals_eager_decode(tiny_checkpoint):
     prompts = random_prompts(lengths)
     outputs, second_turns, second_prompt = {}, {}, None
     for eager in (True, False):
+        # a snapshot at every block (kda_snapshot_interval = block size), so that a decode
+        # step ending block 19 (position 303) takes one for the second turn to hit
         llm = LLM(tiny_checkpoint, block_size=16, device="cuda", dtype="float32",
-                  kv_cache_dtype="fp32", kv_cache_memory=512 << 20, enforce_eager=eager)
+                  kv_cache_dtype="fp32", kv_cache_memory=512 << 20, enforce_eager=eager,
+                  kda_snapshot_interval=16)
         outputs[eager] = llm.generate(prompts, params)
         graphs = llm.engine.runner.graphs
         if eager:
             assert graphs is None
-            # the first turn's tokens (position 303, a graph decode step, ends block 18)
+            # the first turn's tokens (position 303, a graph decode step, ends the 19th block)
             second_prompt = prompts[0] + outputs[eager][0].outputs[0].token_ids + [5, 6, 7]
         else:
             assert graphs.enabled and graphs.num_replays > 0

@@ -32,6 +32,17 @@ def test_prompt_is_copied_and_output_ids_are_a_snapshot() -> None:
     assert outputs == [] and seq.output_token_ids == [9]
 
 
+def test_prompt_ids_are_one_list_that_appending_leaves_alone() -> None:
+    """Every step's RequestOutput takes `prompt_token_ids`: one list, no per-step copy of a
+    long prompt, and appended tokens never reach it."""
+    seq = Sequence("r0", [1, 2, 3], SamplingParams())
+    first = seq.prompt_token_ids
+    seq.num_computed_tokens = 3
+    seq.append_token(9)
+    assert seq.prompt_token_ids is first and first == [1, 2, 3]
+    assert seq.all_token_ids == [1, 2, 3, 9]
+
+
 def test_empty_prompt_is_rejected() -> None:
     with pytest.raises(ValueError, match="prompt_token_ids must hold at least one token"):
         Sequence("r0", [], SamplingParams())

@@ -140,7 +140,12 @@ def test_steps_through_the_graph_path_give_the_eager_tokens(tiny_checkpoint, tin
 
 @pytest.mark.gpu
 def test_speculative_graphs_equal_eager_speculation(tiny_checkpoint, tiny_draft):
-    """Real CUDA graphs, float32: the greedy tokens and logprobs of eager speculative steps."""
+    """Real CUDA graphs, float32: the greedy tokens and logprobs of eager speculative steps.
+    The bound, 5e-3, is wider than summation order alone needs: graph steps run the graph
+    table's indexer (on Hopper the Gluon kernel, the eager table's is Triton's), whose scores
+    differ in the last bits, and where two keys tie for the last of the tiny model's 64 top-k
+    places a different one is attended (seen: 2.5e-3 once in two runs; a wrong state or cache
+    row moves a logprob by far more)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     prompts = prompts_of((290, 100, 63, 7), seed=1)
@@ -162,4 +167,4 @@ def test_speculative_graphs_equal_eager_speculation(tiny_checkpoint, tiny_draft)
         got, want = graph_out.outputs[0], eager_out.outputs[0]
         assert got.token_ids == want.token_ids
         for a, b in zip(got.logprobs, want.logprobs):
-            assert abs(a.logprob - b.logprob) <= 1e-3
+            assert abs(a.logprob - b.logprob) <= 5e-3

@@ -111,6 +111,21 @@ def test_completion_stream_usage_comes_last(live_server):
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_completion_stream_sends_a_chunk_per_step_even_while_text_is_held_back(live_server):
+    """A long stop string holds the text back (it may still cut it), yet every step's token
+    arrives as a chunk, its text empty until the hold ends, as vLLM streams: clients time
+    each token (TTFT, ITL) by the chunks."""
+    request = dict(model=MODEL, prompt="Count", max_tokens=7, seed=4, stop=["#" * 40],
+                   extra_body={"ignore_eos": True})
+    whole = client_for(live_server).completions.create(**request)
+    chunks = [c for c in client_for(live_server).completions.create(**request, stream=True)
+              if c.choices]
+    assert whole.usage.completion_tokens == 7
+    assert len(chunks) == 7
+    assert chunks[0].choices[0].text == "" and chunks[-1].choices[0].finish_reason == "length"
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+
+
 def test_completion_client_leaving_mid_stream_aborts_every_prompt(live_server, pools_free):
     body = {"model": MODEL, "prompt": ["first", "second"], "max_tokens": 3000,
             "ignore_eos": True, "stream": True}
