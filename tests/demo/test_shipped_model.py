@@ -4,6 +4,7 @@ capital and a greeting (arithmetic: ten instances of the eval stream, at most on
 goal allows). Skipped until the trained weights are in atomk31/demo/weights/."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -46,10 +47,11 @@ ARITHMETIC_MAY_MISS = 1       # the goal is 95%: one miss in ten is within it
 def test_arithmetic(client):
     """Sums, differences and products of the eval stream, answered with working in the
     reasoning and the bare number as content; at most one of ten wrong (the goal's 95%)."""
+    examples = [generate("arithmetic", "eval", 0, i) for i in range(ARITHMETIC_INSTANCES)]
+    with ThreadPoolExecutor(ARITHMETIC_INSTANCES) as pool:     # one batch in the engine
+        choices = list(pool.map(lambda e: _ask(client, e.messages), examples))
     misses = []
-    for i in range(ARITHMETIC_INSTANCES):
-        example = generate("arithmetic", "eval", 0, i)
-        choice = _ask(client, example.messages)
+    for example, choice in zip(examples, choices):
         assert choice.message.reasoning_content, example.messages[-1]["content"]
         content = choice.message.content.strip()
         if content != str(example.expected["answer"]):
