@@ -134,8 +134,9 @@ def format_profile(profile: dict) -> str:
     lines = []
     for step, p in profile.items():
         lines.append(f"profile of one {step} step ({p['mode']}, {p['time']} time): "
-                     f"{p['step_ms']:.3f} ms, of which outside the op table "
-                     f"{p['outside_ops_ms']:.3f} ms")
+                     f"{p['step_ms']:.3f} ms busy in {p.get('step_wall_ms', float('nan')):.3f} ms wall, "
+                     f"of which outside the op table {p['outside_ops_ms']:.3f} ms"
+                     + (f"; {p['num_kernels']} kernels" if "num_kernels" in p else ""))
         lines += [f"  {r['op']:<24} {r['calls']:>5} calls {r['ms']:>10.3f} ms {r['share']:>7.1%}"
                   for r in p["ops"]]
         top = p.get("top_kernels", p.get("top_torch_ops", []))[:NUM_TOP_PRINTED]

@@ -5,6 +5,9 @@ The profiled steps run eagerly: every op call runs inside `record_function("op:<
 (instrumented_ops.py), which a CUDA-graph replay would skip; a replay launches the same kernels
 (except where a launcher picks a capturable variant). Work outside the op table (the matmuls of
 BF16 linears, embedding gathers, residual adds, sampling, scheduling) is the step's remainder.
+Where the engine has decode graphs, the same decode batch is also profiled as a graph replay
+("decode_graph": no op ranges, but the kernels the replay ran, their summed device time beside
+the step's wall time, so the gaps between kernels show).
 The decode step runs `batch_size` requests placed at `context` (attending context - 1 keys,
 one untimed eager step first);
 the prefill chunk is the first engine step of a fresh `num_tokens`-token prompt.
@@ -15,6 +18,7 @@ beside it as `<FILE stem>.decode.trace.json` and `<FILE stem>.prefill.trace.json
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -43,8 +47,8 @@ def profile_steps(engine: LLMEngine, batch_size: int | None, context: int | None
     breakdown to `path` and the traces beside it; -> the breakdown."""
     result = {}
     if batch_size is not None and context is not None:
-        result["decode"] = _profile_decode(engine, batch_size, context,
-                                           trace_path(path, "decode"), rng)
+        result.update(_profile_decode(engine, batch_size, context, trace_path(path, "decode"),
+                                      rng))
     if prefill_tokens is not None:
         result["prefill"] = _profile_prefill(engine, prefill_tokens,
                                              trace_path(path, "prefill"), rng)
@@ -54,17 +58,27 @@ def profile_steps(engine: LLMEngine, batch_size: int | None, context: int | None
 
 def _profile_decode(engine: LLMEngine, batch_size: int, context: int, trace: Path,
                     rng: np.random.Generator) -> dict:
-    # the profiled step attends context - 1 keys, as latency.py's timed steps end (no block end)
-    request_ids = place_batch(engine, batch_size, context - 2, 2, rng)
+    """{"decode": the eager step's breakdown, "decode_graph": the replay's, where graphs exist}"""
+    # the profiled step attends context - 1 keys, as latency.py's timed steps end (no block
+    # end); the replay two steps later attends context + 1
+    graphed = engine.runner.graphs is not None
+    request_ids = place_batch(engine, batch_size, context - 2, 4 if graphed else 2, rng)
     wrapper = OpWatcher(annotate=True)
+    shape = {"batch_size": batch_size, "context": context}
     try:
         with watched_eager_steps(engine, wrapper):
             engine.step()                                 # compiles the eager kernels
-            breakdown = _profile_one_step(engine, "decode", trace)
+            eager = _profile_one_step(engine, "decode", trace)
+        result = {"decode": {**shape, "mode": "eager", **eager}}
+        if graphed:
+            engine.step()                                 # the batch's first replay
+            replay_trace = trace.with_name(trace.name.replace(".decode.", ".decode_graph."))
+            replay = _profile_one_step(engine, "decode_graph", replay_trace)
+            result["decode_graph"] = {**shape, "mode": "graph", **replay}
     finally:
         for request_id in request_ids:
             engine.abort_request(request_id)
-    return {"batch_size": batch_size, "context": context, "mode": "eager", **breakdown}
+    return result
 
 
 def _profile_prefill(engine: LLMEngine, num_tokens: int, trace: Path,
@@ -88,12 +102,15 @@ def _profile_one_step(engine: LLMEngine, step: str, trace: Path) -> dict:
     synchronize(engine.device)
     with profile(activities=activities) as prof:
         with record_function(STEP_PREFIX + step):
+            start = time.perf_counter()
             engine.step()
             synchronize(engine.device)
+            wall_ms = (time.perf_counter() - start) * 1e3
     trace.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(trace))
     return {**op_breakdown(prof.key_averages(), STEP_PREFIX + step,
-                           on_gpu=engine.device.type == "cuda"), "trace": str(trace)}
+                           on_gpu=engine.device.type == "cuda"),
+            "step_wall_ms": wall_ms, "trace": str(trace)}
 
 
 def op_breakdown(events: list, step_key: str, on_gpu: bool) -> dict:
@@ -118,6 +135,7 @@ def op_breakdown(events: list, step_key: str, on_gpu: bool) -> dict:
              and (not on_gpu or getattr(e, "device_type", None) == DeviceType.CUDA)]
     top = sorted(inner, key=lambda e: -_self_ms(e, on_gpu))[:NUM_TOP_KERNELS]
     return {"time": "device" if on_gpu else "cpu", "step_ms": step_ms,
+            "num_kernels" if on_gpu else "num_torch_ops": sum(e.count for e in inner),
             "step_cpu_ms": step.cpu_time_total / 1e3, "ops": ops,
             "outside_ops_ms": step_ms - sum(r["ms"] for r in ops),
             "top_kernels" if on_gpu else "top_torch_ops": [

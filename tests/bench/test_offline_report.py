@@ -82,5 +82,8 @@ def test_bench_latency_on_a_gpu_times_graph_replays_and_profiles_kernels(tiny_ch
     assert result["environment"]["device"] != "CPU"
     assert [d["mode"] for d in result["decode"]] == ["cuda-graph"] * 4
     assert all(0 < d["mbu"] < 1.5 for d in result["decode"])
-    decode = result["profile"]["decode"]
+    decode, replay = result["profile"]["decode"], result["profile"]["decode_graph"]
     assert decode["time"] == "device" and decode["top_kernels"] and decode["step_ms"] > 0
+    # the replay's kernels are found (their device time adds up to less than its wall time)
+    assert replay["mode"] == "graph" and replay["num_kernels"] > 0
+    assert 0 < replay["step_ms"] <= replay["step_wall_ms"]

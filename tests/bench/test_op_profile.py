@@ -12,10 +12,25 @@ from atomk31.bench.op_profile import profile_steps, trace_path
 
 
 @pytest.mark.slow   # the profiler's own parsing of every torch op event: ~7 s on 2 cores
-def test_profile_breaks_one_decode_step_and_one_prefill_chunk_down_by_op(engine, tmp_path):
+def test_profile_breaks_one_decode_step_and_one_prefill_chunk_down_by_op(engine, tmp_path,
+                                                                        monkeypatch):
+    class StandInGraphs:      # a CPU engine has no decode graphs; a replay that declines runs
+        replays = 0           # the step eagerly, so the "graph" profile still profiles a step
+
+        def run(self, requests):
+            StandInGraphs.replays += 1
+            return None
+
+    monkeypatch.setattr(engine.runner, "graphs", StandInGraphs())
     path = tmp_path / "profile.json"
     result = profile_steps(engine, batch_size=1, context=80, prefill_tokens=4, path=path,
                            rng=np.random.default_rng(0))
+    # the eager profile detached the graphs; the graph profile (and its warm-up step) used them
+    assert StandInGraphs.replays == 2 and isinstance(engine.runner.graphs, StandInGraphs)
+    graphed = result["decode_graph"]
+    assert graphed["mode"] == "graph" and graphed["ops"] == []
+    assert 0 < graphed["step_ms"] and graphed["step_wall_ms"] > 0
+    assert graphed["outside_ops_ms"] == pytest.approx(graphed["step_ms"])
     assert json.loads(path.read_text()) == json.loads(json.dumps(result))
     decode, prefill = result["decode"], result["prefill"]
     calls = {row["op"]: row["calls"] for row in decode["ops"]}
@@ -33,6 +48,7 @@ def test_profile_breaks_one_decode_step_and_one_prefill_chunk_down_by_op(engine,
         assert step["top_torch_ops"] and step["top_torch_ops"][0]["self_ms"] > 0
     assert prefill["num_tokens"] == 4 and prefill["chunk_tokens"] == 4
     for step in ("decode", "prefill"):
+        assert result[step]["step_wall_ms"] > 0
         trace = json.loads(trace_path(path, step).read_text())
         names = {event.get("name") for event in trace["traceEvents"]}
         assert "op:moe_route" in names and f"step:{step}" in names
