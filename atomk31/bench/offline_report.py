@@ -134,7 +134,8 @@ def format_profile(profile: dict) -> str:
     lines = []
     for step, p in profile.items():
         lines.append(f"profile of one {step} step ({p['mode']}, {p['time']} time): "
-                     f"{p['step_ms']:.3f} ms busy in {p.get('step_wall_ms', float('nan')):.3f} ms wall, "
+                     f"{p['step_ms']:.3f} ms busy in "
+                     f"{p.get('step_wall_ms', float('nan')):.3f} ms wall, "
                      f"of which outside the op table {p['outside_ops_ms']:.3f} ms"
                      + (f"; {p['num_kernels']} kernels" if "num_kernels" in p else ""))
         lines += [f"  {r['op']:<24} {r['calls']:>5} calls {r['ms']:>10.3f} ms {r['share']:>7.1%}"

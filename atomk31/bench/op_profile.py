@@ -59,10 +59,11 @@ def profile_steps(engine: LLMEngine, batch_size: int | None, context: int | None
 def _profile_decode(engine: LLMEngine, batch_size: int, context: int, trace: Path,
                     rng: np.random.Generator) -> dict:
     """{"decode": the eager step's breakdown, "decode_graph": the replay's, where graphs exist}"""
-    # the profiled step attends context - 1 keys, as latency.py's timed steps end (no block
-    # end); the replay two steps later attends context + 1
+    # every step stays below `context` (the timed steps' graph shape: one more key may need
+    # another capture); the last profiled step attends context - 1 keys, as latency.py's end
     graphed = engine.runner.graphs is not None
-    request_ids = place_batch(engine, batch_size, context - 2, 4 if graphed else 2, rng)
+    num_steps = 4 if graphed else 2
+    request_ids = place_batch(engine, batch_size, context - num_steps, num_steps, rng)
     wrapper = OpWatcher(annotate=True)
     shape = {"batch_size": batch_size, "context": context}
     try:
